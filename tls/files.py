@@ -1,0 +1,104 @@
+"""Loading TLS material from PEM files, with errors that say which file is wrong and why."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from cryptography import x509
+from cryptography.exceptions import UnsupportedAlgorithm
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+
+from tls.pki import DevPKIPaths, key_matches
+
+
+class TLSConfigError(ValueError):
+    """A TLS file is missing, unreadable, malformed, or does not fit the others."""
+
+
+@dataclass(frozen=True, slots=True)
+class TLSMaterial:
+    """PEM bytes as grpc.ssl_server_credentials / ssl_channel_credentials take them."""
+
+    ca_pem: bytes
+    cert_pem: bytes
+    key_pem: bytes = field(repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class TLSFiles:
+    """Paths of one side's TLS files: the CA bundle that verifies the peer, our certificate and its key.
+
+    Nothing is checked at construction, the files may be created later; :meth:`load`
+    reads and checks them.
+    """
+
+    ca_file: Path
+    cert_file: Path
+    key_file: Path
+
+    def __post_init__(self) -> None:
+        for name in ("ca_file", "cert_file", "key_file"):
+            object.__setattr__(self, name, Path(getattr(self, name)))
+
+    def load(self) -> TLSMaterial:
+        ca_pem = _read(self.ca_file, "CA certificate")
+        cert_pem = _read(self.cert_file, "certificate")
+        key_pem = _read(self.key_file, "private key")
+        _parse_certificates(ca_pem, self.ca_file, "CA certificate")
+        leaf = _parse_certificates(cert_pem, self.cert_file, "certificate")[0]
+        key = _parse_private_key(key_pem, self.key_file)
+        if not key_matches(leaf, key):
+            raise TLSConfigError(
+                f"private key file {self.key_file} does not match the certificate in {self.cert_file}"
+            )
+        return TLSMaterial(ca_pem=ca_pem, cert_pem=cert_pem, key_pem=key_pem)
+
+
+def dev_files(folder: Path, role: Literal["server", "client"]) -> TLSFiles:
+    """The files of a dev PKI folder (see :func:`tls.pki.write_dev_pki`) that ``role`` uses."""
+    paths = DevPKIPaths.in_folder(folder)
+    if role == "server":
+        return TLSFiles(ca_file=paths.ca_cert, cert_file=paths.server_cert, key_file=paths.server_key)
+    if role == "client":
+        return TLSFiles(ca_file=paths.ca_cert, cert_file=paths.client_cert, key_file=paths.client_key)
+    raise ValueError(f"role must be 'server' or 'client', got {role!r}")
+
+
+def _read(path: Path, what: str) -> bytes:
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise TLSConfigError(f"{what} file {path} does not exist") from None
+    except OSError as exc:
+        raise TLSConfigError(f"{what} file {path} cannot be read: {exc.strerror or exc}") from exc
+    if not data.strip():
+        raise TLSConfigError(f"{what} file {path} is empty")
+    return data
+
+
+def _parse_certificates(pem: bytes, path: Path, what: str) -> list[x509.Certificate]:
+    """All certificates of a PEM file; a certificate file may carry its intermediates after the leaf."""
+    try:
+        certificates = x509.load_pem_x509_certificates(pem)
+    except ValueError as exc:
+        raise TLSConfigError(f"{what} file {path} is not a PEM certificate: {exc}") from exc
+    if not certificates:
+        raise TLSConfigError(f"{what} file {path} holds no PEM certificate")
+    return certificates
+
+
+def _parse_private_key(pem: bytes, path: Path) -> ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey:
+    try:
+        key = serialization.load_pem_private_key(pem, password=None)
+    except TypeError as exc:
+        raise TLSConfigError(f"private key file {path} is encrypted; an unencrypted PEM key is needed") from exc
+    except ValueError as exc:
+        raise TLSConfigError(f"private key file {path} is not a PEM private key: {exc}") from exc
+    except UnsupportedAlgorithm as exc:
+        raise TLSConfigError(f"private key file {path} uses an unsupported algorithm: {exc}") from exc
+    if not isinstance(key, ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey):
+        raise TLSConfigError(f"private key file {path} holds a {type(key).__name__}; EC or RSA is needed")
+    return key
