@@ -1,0 +1,155 @@
+"""AsyncEngine: the engine's public, asyncio-facing interface.
+
+The EngineCore runs in one dedicated thread (torch releases the GIL in its kernels); events
+reach each request's asyncio queue through `loop.call_soon_threadsafe`. The thread sleeps on
+a condition variable when there is nothing to do: no polling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+from engine.config import EngineConfig, EngineLimits
+from engine.core import EngineCore
+from engine.errors import EngineDead, InvalidRequest, Overloaded
+from engine.loader import LoadedModel, load_model
+from engine.model_runner import TransformersRunner
+from engine.params import GenerationRequest
+from engine.request import RequestOutput
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    """What the serving layers may tell clients about the loaded model."""
+
+    source: str
+    device: str
+    dtype: str
+    vocab_size: int
+    eos_token_ids: frozenset[int]
+
+
+class AsyncEngine:
+    def __init__(self, core: EngineCore, tokenizer: object, limits: EngineLimits, info: ModelInfo,
+                 max_unfinished: int) -> None:
+        self._core = core
+        self._tokenizer = tokenizer
+        self.limits = limits
+        self.info = info
+        self._max_unfinished = max_unfinished
+        self._streams: dict[str, asyncio.Queue[RequestOutput]] = {}
+        self._inbox: list[Callable[[EngineCore], None]] = []
+        self._wakeup = threading.Condition()
+        self._stopping = False
+        self._dead = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread = threading.Thread(target=self._run, name="engine-core", daemon=True)
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> AsyncEngine:
+        """Load the model (slow: call it off the event loop) and build an engine around it."""
+        loaded = load_model(config)
+        return cls.from_loaded(loaded, config)
+
+    @classmethod
+    def from_loaded(cls, loaded: LoadedModel, config: EngineConfig) -> AsyncEngine:
+        core = EngineCore(TransformersRunner(loaded.model, loaded.device), loaded.tokenizer,
+                          loaded.eos_token_ids, max_running=config.max_batch_size)
+        limits = EngineLimits.from_config(config, vocab_size=loaded.vocab_size,
+                                          max_position_embeddings=loaded.max_position_embeddings)
+        info = ModelInfo(source=loaded.source, device=str(loaded.device),
+                         dtype=str(loaded.dtype).removeprefix("torch."),
+                         vocab_size=loaded.vocab_size, eos_token_ids=loaded.eos_token_ids)
+        return cls(core, loaded.tokenizer, limits, info,
+                   max_unfinished=config.max_batch_size + config.max_queue_len)
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._thread.start()
+
+    async def shutdown(self) -> None:
+        with self._wakeup:
+            self._stopping = True
+            self._wakeup.notify()
+        if self._thread.is_alive():
+            await asyncio.to_thread(self._thread.join)
+
+    @property
+    def is_healthy(self) -> bool:
+        return self._thread.is_alive() and not self._dead and not self._stopping
+
+    def encode(self, text: str) -> list[int]:
+        return self._tokenizer(text, add_special_tokens=True).input_ids
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[RequestOutput]:
+        """Events for one request, the last one with finish_reason set.
+
+        Raises the request's EngineError (timeout, failure) in place of a last event. Leaving
+        the iteration early (cancellation, closing) aborts the request.
+        """
+        if not self.is_healthy:
+            raise EngineDead("the engine is not running")
+        if request.request_id in self._streams:
+            raise InvalidRequest("id", f"request id {request.request_id!r} is already in use")
+        if len(self._streams) >= self._max_unfinished:
+            raise Overloaded(f"too many requests in flight ({self._max_unfinished}); retry later")
+        queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        self._streams[request.request_id] = queue
+        self._submit(lambda core: core.add(request))
+        finished = False
+        try:
+            while not finished:
+                output = await queue.get()
+                finished = output.is_last
+                if output.error is not None:
+                    raise output.error
+                yield output
+        finally:
+            del self._streams[request.request_id]
+            if not finished:
+                self.abort(request.request_id)
+
+    def abort(self, request_id: str) -> None:
+        self._submit(lambda core: core.abort(request_id))
+
+    def _submit(self, command: Callable[[EngineCore], None]) -> None:
+        with self._wakeup:
+            self._inbox.append(command)
+            self._wakeup.notify()
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._wakeup:
+                    while not (self._inbox or self._core.has_work() or self._stopping):
+                        self._wakeup.wait()
+                    if self._stopping:
+                        return
+                    inbox, self._inbox = self._inbox, []
+                for command in inbox:
+                    command(self._core)
+                outputs = self._core.step()
+                if outputs:
+                    self._loop.call_soon_threadsafe(self._deliver, outputs)
+        except Exception:
+            logger.exception("the engine loop died")
+            self._dead = True
+            self._loop.call_soon_threadsafe(self._fail_all)
+
+    def _deliver(self, outputs: list[RequestOutput]) -> None:
+        for output in outputs:
+            queue = self._streams.get(output.request_id)
+            if queue is not None:
+                queue.put_nowait(output)
+
+    def _fail_all(self) -> None:
+        for request_id, queue in self._streams.items():
+            queue.put_nowait(RequestOutput(request_id=request_id, new_token_ids=(), text="",
+                                           num_prompt_tokens=0, num_generated_tokens=0, seed=0,
+                                           error=EngineDead("the engine stopped")))

@@ -1,0 +1,72 @@
+"""Engine configuration (static, from the CLI / config file) and limits computed at load time."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+DEVICES = ("auto", "cpu", "cuda", "npu")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """What the operator chose. Names follow MindIE's config.json where a concept matches.
+
+    model: a Hugging Face folder or a .gguf file; None means the packaged SmolLM2.
+    cache_dir: where a GGUF file's one-time conversion to a Hugging Face folder is kept
+    (parsing GGUF metadata takes ~20 s on a small CPU; the converted folder loads in ~1 s).
+    """
+
+    model: Path | None = None
+    device: str = "auto"
+    dtype: str = "auto"
+    cache_dir: Path | None = None
+    max_seq_len: int = 2560
+    max_input_token_len: int = 2048
+    max_iter_times: int = 512
+    max_batch_size: int = 200
+    max_prefill_tokens: int = 8192
+    max_queue_len: int = 1000
+
+    def __post_init__(self) -> None:
+        if self.device not in DEVICES:
+            raise ValueError(f"device must be one of {', '.join(DEVICES)}; got {self.device!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
+        for name in ("max_seq_len", "max_input_token_len", "max_iter_times", "max_batch_size",
+                     "max_prefill_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer; got {value!r}")
+        if isinstance(self.max_queue_len, bool) or not isinstance(self.max_queue_len, int) \
+                or self.max_queue_len < 0:
+            raise ValueError(f"max_queue_len must be a non-negative integer; got {self.max_queue_len!r}")
+        if self.max_iter_times > self.max_seq_len:
+            raise ValueError(f"max_iter_times ({self.max_iter_times}) must not exceed "
+                             f"max_seq_len ({self.max_seq_len})")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLimits:
+    """Limits a request is validated against, fixed once the model is loaded.
+
+    max_seq_len is the configured maxSeqLen capped by the model's position embeddings;
+    max_input_len is maxInputTokenLen capped so at least one token can be generated.
+    """
+
+    vocab_size: int
+    max_seq_len: int
+    max_input_len: int
+    max_iter_times: int
+
+    @classmethod
+    def from_config(cls, config: EngineConfig, *, vocab_size: int,
+                    max_position_embeddings: int) -> EngineLimits:
+        max_seq_len = min(config.max_seq_len, max_position_embeddings)
+        return cls(
+            vocab_size=vocab_size,
+            max_seq_len=max_seq_len,
+            max_input_len=min(config.max_input_token_len, max_seq_len - 1),
+            max_iter_times=min(config.max_iter_times, max_seq_len),
+        )

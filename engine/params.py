@@ -1,0 +1,38 @@
+"""Validated per-request parameters: what the sampler and the scheduler read."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DEFAULT_PRIORITY = 5
+DEFAULT_TIMEOUT_S = 600.0
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """Sampling semantics follow MindIE's parameter table.
+
+    top_k == 0 means no top-k cut; max_new_tokens is already capped by maxIterTimes and by
+    what fits in maxSeqLen after the prompt; seed is always set (drawn when absent).
+    """
+
+    do_sample: bool
+    seed: int
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    typical_p: float = 1.0
+    repetition_penalty: float = 1.0
+    stop: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationRequest:
+    """One validated request, as every protocol hands it to the engine."""
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    sampling: SamplingParams
+    priority: int = DEFAULT_PRIORITY
+    timeout_s: float = DEFAULT_TIMEOUT_S

@@ -1,0 +1,165 @@
+"""The one place where request parameters are checked. Every protocol goes through `build_request`.
+
+Parameter names, ranges and defaults are MindIE's (its Triton text/token interface table);
+callers translate their protocol's names and units to these before calling.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from engine.config import EngineLimits
+from engine.errors import InvalidRequest, PromptTooLong
+from engine.params import DEFAULT_PRIORITY, DEFAULT_TIMEOUT_S, GenerationRequest, SamplingParams
+
+INT32_MAX = 2**31 - 1
+UINT64_MAX = 2**64 - 1
+MAX_STOP_SEQUENCES = 16
+DEFAULT_MAX_NEW_TOKENS = 20
+MAX_TIMEOUT_S = 3600.0
+
+
+@dataclass(frozen=True, slots=True)
+class Interval:
+    """A numeric range with open or closed ends; str() renders it as in MindIE's docs."""
+
+    low: float
+    high: float
+    low_open: bool = False
+    high_open: bool = False
+
+    def __contains__(self, value: float) -> bool:
+        above = value > self.low if self.low_open else value >= self.low
+        below = value < self.high if self.high_open else value <= self.high
+        return above and below
+
+    def __str__(self) -> str:
+        high = "inf" if math.isinf(self.high) else _format_number(self.high)
+        return (f"{'(' if self.low_open else '['}{_format_number(self.low)}, "
+                f"{high}{')' if self.high_open else ']'}")
+
+
+def _format_number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else str(value)
+
+
+FLOAT_RANGES: dict[str, Interval] = {
+    "temperature": Interval(0.0, math.inf, low_open=True, high_open=True),
+    "top_p": Interval(0.0, 1.0, low_open=True),
+    "typical_p": Interval(0.0, 1.0, low_open=True),
+    "repetition_penalty": Interval(0.0, math.inf, low_open=True, high_open=True),
+    "timeout": Interval(0.0, MAX_TIMEOUT_S, low_open=True),
+}
+INT_RANGES: dict[str, Interval] = {
+    "top_k": Interval(0, INT32_MAX),
+    "max_new_tokens": Interval(1, INT32_MAX),
+    "seed": Interval(1, UINT64_MAX),
+    "priority": Interval(1, 5),
+}
+BOOL_PARAMS = ("do_sample", "watermark")
+# Accepted for compatibility with MindIE's text interface; they change nothing in generation.
+IGNORED_PARAMS = frozenset({"details", "perf_stat", "batch_size"})
+# Present with one of these, and without do_sample, the request samples (MindIE: do_sample
+# "absent → decided by the other parameters").
+SAMPLING_HINTS = ("temperature", "top_k", "top_p", "typical_p")
+SUPPORTED_PARAMS = frozenset(FLOAT_RANGES) | frozenset(INT_RANGES) | frozenset(BOOL_PARAMS) \
+    | IGNORED_PARAMS | {"stop"}
+
+
+def build_request(request_id: str, prompt_token_ids: Sequence[int],
+                  parameters: Mapping[str, object], limits: EngineLimits) -> GenerationRequest:
+    """Validate a prompt and its parameters against the engine's limits.
+
+    Raises InvalidRequest (or PromptTooLong) whose `field` names the offending parameter;
+    a prompt problem names the field "prompt".
+    """
+    prompt = _validate_prompt(prompt_token_ids, limits)
+    unknown = sorted(set(parameters) - SUPPORTED_PARAMS)
+    if unknown:
+        raise InvalidRequest(unknown[0], "unknown parameter; supported parameters are "
+                             + ", ".join(sorted(SUPPORTED_PARAMS)))
+    floats = {name: _float(parameters, name, interval) for name, interval in FLOAT_RANGES.items()}
+    ints = {name: _int(parameters, name, interval) for name, interval in INT_RANGES.items()}
+    bools = {name: _bool(parameters, name) for name in BOOL_PARAMS}
+    if bools["watermark"]:
+        raise InvalidRequest("watermark", "watermarking is not supported")
+    do_sample = bools["do_sample"]
+    if do_sample is None:
+        do_sample = any(name in parameters for name in SAMPLING_HINTS)
+    requested = ints["max_new_tokens"] or DEFAULT_MAX_NEW_TOKENS
+    sampling = SamplingParams(
+        do_sample=do_sample,
+        seed=ints["seed"] or secrets.randbelow(UINT64_MAX) + 1,
+        max_new_tokens=min(requested, limits.max_iter_times, limits.max_seq_len - len(prompt)),
+        temperature=floats["temperature"] or 1.0,
+        top_k=ints["top_k"] or 0,
+        top_p=floats["top_p"] or 1.0,
+        typical_p=floats["typical_p"] or 1.0,
+        repetition_penalty=floats["repetition_penalty"] or 1.0,
+        stop=_stop_sequences(parameters),
+    )
+    return GenerationRequest(
+        request_id=request_id,
+        prompt_token_ids=prompt,
+        sampling=sampling,
+        priority=ints["priority"] or DEFAULT_PRIORITY,
+        timeout_s=floats["timeout"] or DEFAULT_TIMEOUT_S,
+    )
+
+
+def _validate_prompt(token_ids: Sequence[int], limits: EngineLimits) -> tuple[int, ...]:
+    if not token_ids:
+        raise InvalidRequest("prompt", "must contain at least one token")
+    if len(token_ids) > limits.max_input_len:
+        raise PromptTooLong("prompt", f"has {len(token_ids)} tokens; at most "
+                            f"{limits.max_input_len} are accepted (maxInputTokenLen, maxSeqLen)")
+    for position, token_id in enumerate(token_ids):
+        if not 0 <= token_id < limits.vocab_size:
+            raise InvalidRequest("prompt", f"token id {token_id} at position {position} is outside "
+                                 f"the vocabulary [0, {limits.vocab_size})")
+    return tuple(int(token_id) for token_id in token_ids)
+
+
+def _float(parameters: Mapping[str, object], name: str, interval: Interval) -> float | None:
+    value = parameters.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
+        raise InvalidRequest(name, f"must be a number in {interval}; got {value!r}")
+    if value not in interval:
+        raise InvalidRequest(name, f"must be in {interval}; got {value!r}")
+    return float(value)
+
+
+def _int(parameters: Mapping[str, object], name: str, interval: Interval) -> int | None:
+    value = parameters.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidRequest(name, f"must be an integer in {interval}; got {value!r}")
+    if value not in interval:
+        raise InvalidRequest(name, f"must be in {interval}; got {value!r}")
+    return value
+
+
+def _bool(parameters: Mapping[str, object], name: str) -> bool | None:
+    value = parameters.get(name)
+    if value is None or isinstance(value, bool):
+        return value
+    raise InvalidRequest(name, f"must be true or false; got {value!r}")
+
+
+def _stop_sequences(parameters: Mapping[str, object]) -> tuple[str, ...]:
+    value = parameters.get("stop")
+    if value is None:
+        return ()
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list | tuple) or not all(isinstance(s, str) and s for s in stops):
+        raise InvalidRequest("stop", "must be a non-empty string or a list of non-empty strings")
+    if len(stops) > MAX_STOP_SEQUENCES:
+        raise InvalidRequest("stop", f"supports up to {MAX_STOP_SEQUENCES} stop sequences; "
+                             f"got {len(stops)}")
+    return tuple(stops)
