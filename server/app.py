@@ -1,0 +1,121 @@
+"""Builds and runs the gRPC server: KServe v2 inference, health, reflection, mutual TLS."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from pathlib import Path
+from importlib.metadata import PackageNotFoundError, version
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+from grpc_reflection.v1alpha import reflection
+
+from engine.async_engine import AsyncEngine
+from engine.config import EngineConfig
+from proto import grpc_service_pb2 as pb
+from proto import grpc_service_pb2_grpc as pb_grpc
+from server.config import ServerConfig
+from server.servicer import InferenceServicer
+
+logger = logging.getLogger(__name__)
+
+INFERENCE_SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
+SHUTDOWN_GRACE_S = 5.0
+
+
+def package_version() -> str:
+    try:
+        return version("switchboard")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+def server_credentials(config: ServerConfig) -> grpc.ServerCredentials:
+    material = config.tls.load()
+    return grpc.ssl_server_credentials([(material.key_pem, material.cert_pem)],
+                                       root_certificates=material.ca_pem,
+                                       require_client_auth=True)
+
+
+class Server:
+    """The gRPC server and its engine. Starts listening before the model is loaded, so health
+    checks answer NOT_SERVING (and ServerReady false) while it loads."""
+
+    def __init__(self, engine_config: EngineConfig, config: ServerConfig) -> None:
+        self._engine_config = engine_config
+        self._config = config
+        self._servicer = InferenceServicer(config.model_name, package_version())
+        self._health = health_aio.HealthServicer()
+        self._grpc = grpc.aio.server()
+        self._engine: AsyncEngine | None = None
+        self.port: int | None = None
+
+    async def start(self) -> None:
+        pb_grpc.add_GRPCInferenceServiceServicer_to_server(self._servicer, self._grpc)
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
+        reflection.enable_server_reflection(
+            (INFERENCE_SERVICE, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+             reflection.SERVICE_NAME), self._grpc)
+        for service in ("", INFERENCE_SERVICE):
+            await self._health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+        address = f"{self._config.grpc_host}:{self._config.grpc_port}"
+        if self._config.is_insecure:
+            logger.warning("serving gRPC WITHOUT TLS on %s (--insecure): anyone who can reach the "
+                           "port can use the model", address)
+            self.port = self._grpc.add_insecure_port(address)
+        else:
+            self.port = self._grpc.add_secure_port(address, server_credentials(self._config))
+        await self._grpc.start()
+        logger.info("gRPC listening on %s:%d; loading the model", self._config.grpc_host, self.port)
+
+    async def load(self) -> None:
+        self._engine = await asyncio.to_thread(AsyncEngine.from_config, self._engine_config)
+        self._engine.start(asyncio.get_running_loop())
+        self._servicer.engine = self._engine
+        for service in ("", INFERENCE_SERVICE):
+            await self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        info = self._engine.info
+        logger.info("model %s loaded from %s (%s, %s; max_seq_len %d)", self._config.model_name,
+                    info.source, info.device, info.dtype, self._engine.limits.max_seq_len)
+
+    async def stop(self) -> None:
+        await self._health.enter_graceful_shutdown()
+        await self._grpc.stop(SHUTDOWN_GRACE_S)
+        if self._engine is not None:
+            await self._engine.shutdown()
+
+    def how_to_call(self) -> str:
+        host = self._config.grpc_host
+        target = f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
+        if self._config.is_insecure:
+            return f"grpcurl -plaintext {target} list"
+        tls = self._config.tls
+        client_cert, client_key = tls.ca_file.parent / "client.pem", tls.ca_file.parent / "client.key.pem"
+        if not client_cert.exists():
+            client_cert, client_key = Path("<client.pem>"), Path("<client.key.pem>")
+        return f"grpcurl -cacert {tls.ca_file} -cert {client_cert} -key {client_key} {target} list"
+
+
+async def serve(engine_config: EngineConfig, config: ServerConfig) -> None:
+    """Run until SIGINT or SIGTERM, then stop gracefully."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    server = Server(engine_config, config)
+    await server.start()
+    loading = asyncio.create_task(server.load())
+    await asyncio.wait({loading, asyncio.create_task(stop.wait())},
+                       return_when=asyncio.FIRST_COMPLETED)
+    if loading.done():
+        loading.result()
+        logger.info("ready: serving model %r over gRPC on %s:%d%s. Try: %s", config.model_name,
+                    config.grpc_host, server.port, "" if config.is_insecure else " (mutual TLS)",
+                    server.how_to_call())
+        await stop.wait()
+    logger.info("stopping")
+    loading.cancel()
+    await server.stop()

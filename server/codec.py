@@ -1,0 +1,256 @@
+"""Pure translations between KServe v2 protobuf messages and engine types.
+
+Wire facts (Triton's grpc_service.proto, tritonclient): tensors may arrive as
+`raw_input_contents` (tritonclient's default) or typed `contents`; replies use
+`raw_output_contents`, the only form tritonclient's `as_numpy` reads. BYTES elements are
+4-byte little-endian length-prefixed. `priority` (uint64, 0 = default) and `timeout`
+(int64 microseconds, 0 = none) are Triton's reserved request parameters.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import struct
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.config import EngineLimits
+from engine.errors import InvalidRequest
+from engine.params import GenerationRequest
+from engine.request import FinishReason, RequestOutput
+from engine.validation import build_request
+from proto import grpc_service_pb2 as pb
+
+FINAL_RESPONSE_PARAMETER = "triton_final_response"
+# Reserved by Triton's parameters extension; they steer Triton's own scheduler, not generation.
+TRITON_RESERVED_PARAMETERS = frozenset({"sequence_id", "sequence_start", "sequence_end", "headers",
+                                        "binary_data_output"})
+MICROSECONDS = 1_000_000
+
+
+class InputKind(enum.Enum):
+    """The two interfaces of MindIE's Triton compatibility: token ids or text."""
+
+    TOKENS = ("input0", "UINT32", "output0")
+    TEXT = ("text_input", "BYTES", "text_output")
+
+    def __init__(self, input_name: str, datatype: str, output_name: str) -> None:
+        self.input_name = input_name
+        self.datatype = datatype
+        self.output_name = output_name
+
+
+INPUT_KINDS = {kind.input_name: kind for kind in InputKind}
+
+
+@dataclass(frozen=True, slots=True)
+class InferCall:
+    """A ModelInferRequest, decoded: which interface, its prompt and its parameters."""
+
+    kind: InputKind
+    prompt: tuple[int, ...] | str
+    parameters: Mapping[str, object]
+    client_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class InferResult:
+    """A whole generation, aggregated from its events."""
+
+    token_ids: tuple[int, ...]
+    text: str
+    finish_reason: FinishReason
+    num_prompt_tokens: int
+    seed: int
+
+
+def decode_infer_request(request: pb.ModelInferRequest) -> InferCall:
+    if len(request.inputs) != 1:
+        raise InvalidRequest("inputs", f"expected exactly one input ({' or '.join(INPUT_KINDS)}); "
+                             f"got {len(request.inputs)}")
+    tensor = request.inputs[0]
+    kind = INPUT_KINDS.get(tensor.name)
+    if kind is None:
+        raise InvalidRequest("inputs", f"unknown input {tensor.name!r}; expected "
+                             + " or ".join(INPUT_KINDS))
+    if tensor.datatype != kind.datatype:
+        raise InvalidRequest(tensor.name, f"datatype must be {kind.datatype}; got {tensor.datatype!r}")
+    for output in request.outputs:
+        if output.name != kind.output_name:
+            raise InvalidRequest("outputs", f"unknown output {output.name!r} for input "
+                                 f"{kind.input_name!r}; expected {kind.output_name!r}")
+    raw = _raw_input(request)
+    if kind is InputKind.TOKENS:
+        prompt: tuple[int, ...] | str = _token_ids(tensor, raw)
+    else:
+        prompt = _text(tensor, raw)
+    return InferCall(kind=kind, prompt=prompt, parameters=parameters_from_pb(request.parameters),
+                     client_id=request.id)
+
+
+def build_engine_request(call: InferCall, request_id: str, encode: Callable[[str], list[int]],
+                         limits: EngineLimits) -> GenerationRequest:
+    """Validate through the engine's one validation; prompt errors name the input tensor."""
+    token_ids = encode(call.prompt) if isinstance(call.prompt, str) else call.prompt
+    try:
+        return build_request(request_id, token_ids, call.parameters, limits)
+    except InvalidRequest as error:
+        if error.field != "prompt":
+            raise
+        raise type(error)(call.kind.input_name, error.reason) from None
+
+
+def parameters_from_pb(parameters: Mapping[str, pb.InferParameter]) -> dict[str, object]:
+    """Request parameters under MindIE's names, with Triton's priority/timeout converted."""
+    values: dict[str, object] = {}
+    for name, parameter in parameters.items():
+        if name in TRITON_RESERVED_PARAMETERS or name.startswith("triton_"):
+            continue
+        choice = parameter.WhichOneof("parameter_choice")
+        values[name] = getattr(parameter, choice) if choice else None
+    if isinstance(values.get("stop"), str) and values["stop"].startswith("["):
+        values["stop"] = _json_string_list(values["stop"])
+    if values.get("priority") == 0:
+        del values["priority"]
+    timeout = values.pop("timeout", None)
+    if isinstance(timeout, int) and not isinstance(timeout, bool) and timeout != 0:
+        values["timeout"] = timeout / MICROSECONDS
+    elif timeout not in (None, 0):
+        raise InvalidRequest("timeout", f"must be an integer number of microseconds; got {timeout!r}")
+    return values
+
+
+def _json_string_list(text: str) -> list[str]:
+    """`stop` as a JSON array: InferParameter has no list type, so several stop strings travel
+    as one JSON-encoded string."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise InvalidRequest("stop", f"starts with '[' but is not a JSON array: {error}") from None
+    if not isinstance(value, list):
+        raise InvalidRequest("stop", "must be a string or a JSON array of strings")
+    return value
+
+
+def aggregate(outputs: Iterable[RequestOutput]) -> InferResult:
+    token_ids: list[int] = []
+    text: list[str] = []
+    last: RequestOutput | None = None
+    for last in outputs:
+        token_ids.extend(last.new_token_ids)
+        text.append(last.text)
+    if last is None or last.finish_reason is None:
+        raise ValueError("a generation's events must end with a finished one")
+    return InferResult(token_ids=tuple(token_ids), text="".join(text),
+                       finish_reason=last.finish_reason, num_prompt_tokens=last.num_prompt_tokens,
+                       seed=last.seed)
+
+
+def infer_response(call: InferCall, model_name: str, result: InferResult) -> pb.ModelInferResponse:
+    response = _response(call, model_name, result.token_ids, result.text)
+    _set_finish_parameters(response, result.finish_reason, len(result.token_ids), result.seed)
+    return response
+
+
+def stream_response(call: InferCall, model_name: str,
+                    output: RequestOutput) -> pb.ModelStreamInferResponse:
+    """One decoupled response per event; the last is flagged with triton_final_response."""
+    response = _response(call, model_name, output.new_token_ids, output.text)
+    response.parameters[FINAL_RESPONSE_PARAMETER].bool_param = output.finish_reason is not None
+    if output.finish_reason is not None:
+        _set_finish_parameters(response, output.finish_reason, output.num_generated_tokens,
+                               output.seed)
+    return pb.ModelStreamInferResponse(infer_response=response)
+
+
+def stream_error(message: str) -> pb.ModelStreamInferResponse:
+    return pb.ModelStreamInferResponse(error_message=message)
+
+
+def serialize_bytes(elements: Iterable[bytes]) -> bytes:
+    return b"".join(struct.pack("<I", len(element)) + element for element in elements)
+
+
+def deserialize_bytes(data: bytes, field: str) -> list[bytes]:
+    elements: list[bytes] = []
+    offset = 0
+    while offset < len(data):
+        if offset + 4 > len(data):
+            raise InvalidRequest(field, "BYTES data ends inside a 4-byte length prefix")
+        (length,) = struct.unpack_from("<I", data, offset)
+        offset += 4
+        if offset + length > len(data):
+            raise InvalidRequest(field, f"BYTES element of {length} bytes runs past the data")
+        elements.append(data[offset:offset + length])
+        offset += length
+    return elements
+
+
+def _response(call: InferCall, model_name: str, token_ids: Iterable[int],
+              text: str) -> pb.ModelInferResponse:
+    response = pb.ModelInferResponse(model_name=model_name, model_version="1", id=call.client_id)
+    output = response.outputs.add(name=call.kind.output_name, datatype=call.kind.datatype)
+    if call.kind is InputKind.TOKENS:
+        ids = np.asarray(list(token_ids), dtype="<u4")
+        output.shape.extend([1, ids.size])
+        response.raw_output_contents.append(ids.tobytes())
+    else:
+        output.shape.append(1)
+        response.raw_output_contents.append(serialize_bytes([text.encode()]))
+    return response
+
+
+def _set_finish_parameters(response: pb.ModelInferResponse, reason: FinishReason,
+                           num_generated_tokens: int, seed: int) -> None:
+    response.parameters["finish_reason"].string_param = reason.value
+    response.parameters["generated_tokens"].int64_param = num_generated_tokens
+    response.parameters["seed"].uint64_param = seed
+
+
+def _raw_input(request: pb.ModelInferRequest) -> bytes | None:
+    if not request.raw_input_contents:
+        return None
+    if len(request.raw_input_contents) != len(request.inputs):
+        raise InvalidRequest("raw_input_contents", f"has {len(request.raw_input_contents)} "
+                             f"entries for {len(request.inputs)} inputs")
+    return request.raw_input_contents[0]
+
+
+def _check_shape(tensor: pb.ModelInferRequest.InferInputTensor, allowed: str) -> int:
+    shape = list(tensor.shape)
+    valid = (len(shape) == 1 or (len(shape) == 2 and shape[0] == 1)) and shape[-1] >= 0
+    if not valid:
+        raise InvalidRequest(tensor.name, f"shape must be {allowed}; got {shape}")
+    return shape[-1]
+
+
+def _token_ids(tensor: pb.ModelInferRequest.InferInputTensor, raw: bytes | None) -> tuple[int, ...]:
+    count = _check_shape(tensor, "[n] or [1, n]")
+    if raw is not None:
+        if len(raw) != 4 * count:
+            raise InvalidRequest(tensor.name, f"shape {list(tensor.shape)} needs {4 * count} bytes "
+                                 f"of UINT32 data; got {len(raw)}")
+        ids = np.frombuffer(raw, dtype="<u4").tolist()
+    else:
+        ids = list(tensor.contents.uint_contents)
+        if len(ids) != count:
+            raise InvalidRequest(tensor.name, f"shape {list(tensor.shape)} holds {count} elements; "
+                                 f"got {len(ids)} in uint_contents")
+    return tuple(ids)
+
+
+def _text(tensor: pb.ModelInferRequest.InferInputTensor, raw: bytes | None) -> str:
+    count = _check_shape(tensor, "[1] or [1, 1]")
+    elements = (deserialize_bytes(raw, tensor.name) if raw is not None
+                else list(tensor.contents.bytes_contents))
+    if count != 1 or len(elements) != 1:
+        raise InvalidRequest(tensor.name, f"expected one string element (shape [1]); got shape "
+                             f"{list(tensor.shape)} with {len(elements)} elements")
+    try:
+        return elements[0].decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise InvalidRequest(tensor.name, f"is not valid UTF-8 ({error.reason} at byte "
+                             f"{error.start})") from None

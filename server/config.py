@@ -1,0 +1,128 @@
+"""Server configuration, and reading MindIE-style config.json files.
+
+A config file is JSON whose keys follow MindIE's config.json where a concept matches
+(maxSeqLen, httpsEnabled, tlsCaFile, ...). MindIE nests them (ServerConfig, BackendConfig,
+ModelDeployConfig, ScheduleConfig, a ModelConfig list); here any nesting is accepted and the
+known keys are read wherever they appear, so a flat file works too.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from tls import TLSFiles
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MODEL_NAME = "smollm2"
+DEFAULT_GRPC_HOST = "127.0.0.1"
+DEFAULT_GRPC_PORT = 8001
+
+# MindIE config.json key → our setting name (EngineConfig / ServerConfig field or CLI dest).
+CONFIG_KEYS = {
+    "modelName": "model_name",
+    "modelWeightPath": "model",
+    "maxSeqLen": "max_seq_len",
+    "maxInputTokenLen": "max_input_token_len",
+    "maxIterTimes": "max_iter_times",
+    "maxBatchSize": "max_batch_size",
+    "maxPrefillTokens": "max_prefill_tokens",
+    "maxQueueLen": "max_queue_len",
+    "httpsEnabled": "https_enabled",
+    "tlsCaPath": "tls_ca_path",
+    "tlsCaFile": "tls_ca_file",
+    "tlsCert": "tls_cert",
+    "tlsPk": "tls_pk",
+    "grpcIpAddress": "grpc_host",
+    "grpcPort": "grpc_port",
+    "device": "device",
+    "dtype": "dtype",
+    "cacheDir": "cache_dir",
+}
+PATH_SETTINGS = frozenset({"model", "tls_ca_path", "tls_cert", "tls_pk", "cache_dir"})
+
+
+class ConfigError(ValueError):
+    """The config file cannot be used; the message names the file and the key."""
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    model_name: str = DEFAULT_MODEL_NAME
+    grpc_host: str = DEFAULT_GRPC_HOST
+    grpc_port: int = DEFAULT_GRPC_PORT
+    tls: TLSFiles | None = None
+
+    def __post_init__(self) -> None:
+        if not self.model_name:
+            raise ValueError("model_name must not be empty")
+        if isinstance(self.grpc_port, bool) or not isinstance(self.grpc_port, int) \
+                or not 0 <= self.grpc_port <= 65535:
+            raise ValueError(f"grpc_port must be in [0, 65535]; got {self.grpc_port!r}")
+
+    @property
+    def is_insecure(self) -> bool:
+        return self.tls is None
+
+
+def read_config_file(path: Path) -> dict[str, object]:
+    """Settings found in a MindIE-style JSON file, keyed by our setting names.
+
+    Relative paths are resolved against the file's folder, as MindIE resolves them against
+    its install folder.
+    """
+    try:
+        document = json.loads(path.read_text())
+    except OSError as error:
+        raise ConfigError(f"cannot read config file {path}: {error.strerror}") from None
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"config file {path} is not valid JSON: {error}") from None
+    if not isinstance(document, dict):
+        raise ConfigError(f"config file {path} must hold a JSON object")
+    settings: dict[str, object] = {}
+    for key, value in _leaves(document):
+        name = CONFIG_KEYS.get(key)
+        if name is None:
+            logger.debug("config key %s is not used by switchboard", key)
+            continue
+        if name in settings and settings[name] != value:
+            raise ConfigError(f"config file {path} sets {key} twice, to different values")
+        settings[name] = (path.parent / value) if name in PATH_SETTINGS and isinstance(value, str) \
+            else value
+    return settings
+
+
+def tls_files_from_settings(settings: Mapping[str, object]) -> TLSFiles | None:
+    """MindIE's TLS keys: tlsCaPath + tlsCaFile (a list; the first file is used), tlsCert, tlsPk."""
+    if not any(key in settings for key in ("tls_ca_file", "tls_cert", "tls_pk")):
+        return None
+    missing = [key for key in ("tls_ca_file", "tls_cert", "tls_pk") if key not in settings]
+    if missing:
+        raise ConfigError("TLS settings need tlsCaFile, tlsCert and tlsPk together; missing: "
+                          + ", ".join(missing))
+    ca_file = settings["tls_ca_file"]
+    if isinstance(ca_file, list):
+        if not ca_file:
+            raise ConfigError("tlsCaFile must name at least one file")
+        ca_file = ca_file[0]
+    ca_path = Path(settings.get("tls_ca_path", "."))
+    return TLSFiles(ca_file=ca_path / str(ca_file), cert_file=Path(settings["tls_cert"]),
+                    key_file=Path(settings["tls_pk"]))
+
+
+def _leaves(node: object) -> Iterator[tuple[str, object]]:
+    """(key, value) for every non-object value; lists of objects (ModelConfig) are descended."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if isinstance(value, dict) or (isinstance(value, list) and value
+                                           and all(isinstance(item, dict) for item in value)):
+                yield from _leaves(value)
+            else:
+                yield key, value
+    elif isinstance(node, list):
+        for item in node:
+            yield from _leaves(item)

@@ -1,0 +1,49 @@
+"""What the server says about its model: KServe v2 metadata and Triton's model config."""
+
+from __future__ import annotations
+
+from engine.config import EngineLimits
+from proto import grpc_service_pb2 as pb
+from proto import model_config_pb2 as mc
+from server.codec import InputKind
+
+PLATFORM = "switchboard"
+MODEL_VERSION = "1"
+# Triton extensions this server implements (ServerMetadataResponse.extensions).
+EXTENSIONS = ("model_configuration", "parameters", "schedule_policy")
+
+_TENSOR_SHAPES = {
+    InputKind.TOKENS: ([-1], [1, -1]),
+    InputKind.TEXT: ([1], [1]),
+}
+_CONFIG_TYPES = {"UINT32": mc.TYPE_UINT32, "BYTES": mc.TYPE_STRING}
+
+
+def server_metadata(version: str) -> pb.ServerMetadataResponse:
+    return pb.ServerMetadataResponse(name=PLATFORM, version=version, extensions=EXTENSIONS)
+
+
+def model_metadata(model_name: str) -> pb.ModelMetadataResponse:
+    response = pb.ModelMetadataResponse(name=model_name, versions=[MODEL_VERSION], platform=PLATFORM)
+    for kind, (input_shape, output_shape) in _TENSOR_SHAPES.items():
+        response.inputs.add(name=kind.input_name, datatype=kind.datatype, shape=input_shape)
+        response.outputs.add(name=kind.output_name, datatype=kind.datatype, shape=output_shape)
+    return response
+
+
+def model_config(model_name: str, limits: EngineLimits | None) -> pb.ModelConfigResponse:
+    """Both inputs are optional: a request carries one of them. Decoupled, since streaming
+    sends one response per token."""
+    config = mc.ModelConfig(name=model_name, platform=PLATFORM, backend=PLATFORM, max_batch_size=0,
+                            model_transaction_policy=mc.ModelTransactionPolicy(decoupled=True))
+    for kind, (input_shape, output_shape) in _TENSOR_SHAPES.items():
+        data_type = _CONFIG_TYPES[kind.datatype]
+        config.input.add(name=kind.input_name, data_type=data_type, dims=input_shape, optional=True)
+        config.output.add(name=kind.output_name, data_type=data_type, dims=output_shape)
+    if limits is not None:
+        for key, value in (("max_seq_len", limits.max_seq_len),
+                           ("max_input_len", limits.max_input_len),
+                           ("max_iter_times", limits.max_iter_times),
+                           ("vocab_size", limits.vocab_size)):
+            config.parameters[key].string_value = str(value)
+    return pb.ModelConfigResponse(config=config)
