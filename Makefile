@@ -40,8 +40,12 @@ $(TLS_DIR)/ca.pem: | install
 run: install certs
 	$(VENV)/bin/switchboard serve --tls-dir $(TLS_DIR) $(ARGS)
 
+# Two pytest processes: tests/peers drive the server with tritonclient.grpc, whose generated
+# modules define the same protobuf symbols (package `inference`) as ours and cannot share a
+# process with tests that import proto/ or server/.
 test: install
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q tests --ignore=tests/peers
+	$(PY) -m pytest -q tests/peers
 
 clean:
 	rm -rf $(VENV) build *.egg-info proto/*_pb2*.py proto/*_pb2.pyi

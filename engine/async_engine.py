@@ -87,6 +87,9 @@ class AsyncEngine:
     def encode(self, text: str) -> list[int]:
         return self._tokenizer(text, add_special_tokens=True).input_ids
 
+    def decode(self, token_ids: list[int]) -> str:
+        return self._tokenizer.decode(token_ids, skip_special_tokens=True)
+
     async def generate(self, request: GenerationRequest) -> AsyncIterator[RequestOutput]:
         """Events for one request, the last one with finish_reason set.
 

