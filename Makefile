@@ -8,7 +8,6 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 TORCH_VERSION ?= 2.13.0
 INSTALLED := $(VENV)/.installed
-TLS_DIR ?= tls/dev
 ARGS ?=
 
 .PHONY: install proto certs run test clean
@@ -32,13 +31,13 @@ $(INSTALLED): pyproject.toml setup.py $(wildcard proto/*.proto)
 proto: install
 	$(PY) -m proto.compile
 
-certs: $(TLS_DIR)/ca.pem
+certs: tls/dev/ca.pem
 
-$(TLS_DIR)/ca.pem: | install
-	$(PY) -m tls --out $(TLS_DIR)
+tls/dev/ca.pem: | install
+	$(PY) -m tls --out tls/dev
 
 run: install certs
-	$(VENV)/bin/switchboard serve --tls-dir $(TLS_DIR) $(ARGS)
+	$(VENV)/bin/switchboard serve $(ARGS)
 
 # Two pytest processes: tests/peers drive the server with tritonclient.grpc, whose generated
 # modules define the same protobuf symbols (package `inference`) as ours and cannot share a

@@ -7,6 +7,7 @@ define the same `inference.*` protobuf symbols.
 from __future__ import annotations
 
 import queue
+import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -180,3 +181,21 @@ def test_clients_without_a_trusted_certificate_are_refused(grpc_server, client_f
     with triton, pytest.raises(InferenceServerException) as raised:
         triton.is_server_live()
     assert raised.value.status() == "StatusCode.UNAVAILABLE"
+
+
+def test_cancelling_the_stream_aborts_the_generation(grpc_server, client_files) -> None:
+    received: queue.Queue = queue.Queue()
+    with make_client(grpc_server.address, client_files) as triton:
+        triton.start_stream(callback=lambda result, error: received.put(error or result))
+        triton.async_stream_infer(MODEL, [text_input("Count to one thousand:")],
+                                  parameters={"max_new_tokens": 500, "do_sample": False},
+                                  request_id="cancelled")
+        first = received.get(timeout=STREAM_TIMEOUT_S)
+        assert not first.get_response().parameters["triton_final_response"].bool_param
+        triton.stop_stream(cancel_requests=True)
+    deadline = time.monotonic() + 30
+    while not any("aborted" in line for line in list(grpc_server.log)):
+        assert time.monotonic() < deadline, grpc_server.log_text()
+        time.sleep(0.1)
+    with make_client(grpc_server.address, client_files) as triton:
+        assert generate_text(triton, "Hi", max_new_tokens=2)
