@@ -8,6 +8,8 @@ a condition variable when there is nothing to do: no polling.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import itertools
 import logging
 import threading
 from collections.abc import AsyncIterator, Callable
@@ -43,7 +45,11 @@ class AsyncEngine:
         self.limits = limits
         self.info = info
         self._max_unfinished = max_unfinished
+        # The core knows each request by an internal id unique for the engine's life, so late
+        # events of an abandoned request never reach a newer request with the same caller id.
         self._streams: dict[str, asyncio.Queue[RequestOutput]] = {}
+        self._internal_ids: dict[str, str] = {}
+        self._counter = itertools.count()
         self._inbox: list[Callable[[EngineCore], None]] = []
         self._wakeup = threading.Condition()
         self._stopping = False
@@ -79,6 +85,7 @@ class AsyncEngine:
             self._wakeup.notify()
         if self._thread.is_alive():
             await asyncio.to_thread(self._thread.join)
+        self._fail_all()
 
     @property
     def is_healthy(self) -> bool:
@@ -98,13 +105,16 @@ class AsyncEngine:
         """
         if not self.is_healthy:
             raise EngineDead("the engine is not running")
-        if request.request_id in self._streams:
+        if request.request_id in self._internal_ids:
             raise InvalidRequest("id", f"request id {request.request_id!r} is already in use")
         if len(self._streams) >= self._max_unfinished:
             raise Overloaded(f"too many requests in flight ({self._max_unfinished}); retry later")
+        internal_id = f"{request.request_id}#{next(self._counter)}"
         queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
-        self._streams[request.request_id] = queue
-        self._submit(lambda core: core.add(request))
+        self._streams[internal_id] = queue
+        self._internal_ids[request.request_id] = internal_id
+        internal_request = dataclasses.replace(request, request_id=internal_id)
+        self._submit(lambda core: core.add(internal_request))
         finished = False
         try:
             while not finished:
@@ -112,14 +122,17 @@ class AsyncEngine:
                 finished = output.is_last
                 if output.error is not None:
                     raise output.error
-                yield output
+                yield dataclasses.replace(output, request_id=request.request_id)
         finally:
-            del self._streams[request.request_id]
+            del self._streams[internal_id]
+            del self._internal_ids[request.request_id]
             if not finished:
-                self.abort(request.request_id)
+                self._submit(lambda core: core.abort(internal_id))
 
     def abort(self, request_id: str) -> None:
-        self._submit(lambda core: core.abort(request_id))
+        internal_id = self._internal_ids.get(request_id)
+        if internal_id is not None:
+            self._submit(lambda core: core.abort(internal_id))
 
     def _submit(self, command: Callable[[EngineCore], None]) -> None:
         with self._wakeup:

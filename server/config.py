@@ -91,8 +91,12 @@ def read_config_file(path: Path) -> dict[str, object]:
             continue
         if name in settings and settings[name] != value:
             raise ConfigError(f"config file {path} sets {key} twice, to different values")
-        settings[name] = (path.parent / value) if name in PATH_SETTINGS and isinstance(value, str) \
-            else value
+        settings[name] = value
+    for name in PATH_SETTINGS & settings.keys():
+        if isinstance(settings[name], str):
+            settings[name] = path.parent / settings[name]
+    if "tls_ca_file" in settings:
+        settings.setdefault("tls_ca_path", path.parent)
     return settings
 
 
