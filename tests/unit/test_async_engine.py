@@ -1,0 +1,219 @@
+"""engine.async_engine.AsyncEngine around an EngineCore with the scripted fake runner."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+from fakes import EOS_ID, VOCAB_SIZE, FakeRunner, FakeTokenizer, make_core, make_request
+
+from engine.async_engine import AsyncEngine, ModelInfo
+from engine.config import EngineLimits
+from engine.core import EngineCore
+from engine.errors import EngineDead, InvalidRequest, Overloaded, RequestTimedOut
+from engine.request import FinishReason, RequestOutput
+
+LIMITS = EngineLimits(vocab_size=VOCAB_SIZE, max_seq_len=64, max_input_len=63, max_iter_times=64)
+INFO = ModelInfo(source="fake", device="cpu", dtype="float32", vocab_size=VOCAB_SIZE,
+                 eos_token_ids=frozenset({EOS_ID}))
+ENDLESS = 10**6  # max_new_tokens of a request that only ends when it is aborted
+
+
+def make_engine(core: EngineCore, max_unfinished: int = 8) -> AsyncEngine:
+    return AsyncEngine(core, FakeTokenizer(), LIMITS, INFO, max_unfinished)
+
+
+def run_with_engine(scenario: Callable[[AsyncEngine], Awaitable[None]], core: EngineCore,
+                    max_unfinished: int = 8) -> None:
+    """Run `scenario` against a started engine, shutting it down afterwards."""
+
+    async def main() -> None:
+        engine = make_engine(core, max_unfinished)
+        engine.start(asyncio.get_running_loop())
+        try:
+            await asyncio.wait_for(scenario(engine), timeout=10)
+        finally:
+            await engine.shutdown()
+
+    asyncio.run(main())
+
+
+async def collect(stream: AsyncIterator[RequestOutput]) -> list[RequestOutput]:
+    return [output async for output in stream]
+
+
+async def eventually(condition: Callable[[], bool], timeout_s: float = 2.0) -> None:
+    for _ in range(int(timeout_s / 0.01)):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the condition did not become true in time")
+
+
+async def start_blocked(engine: AsyncEngine, runner: FakeRunner,
+                        names: list[str]) -> list[asyncio.Task[list[RequestOutput]]]:
+    """Start requests that stay in flight while `runner.gate` is closed."""
+    requests = [make_request(name, name, max_new_tokens=2) for name in names]
+    tasks = [asyncio.create_task(collect(engine.generate(request))) for request in requests]
+    await eventually(lambda: len(runner.calls) > 0)  # the engine thread is blocked in prefill
+    return tasks
+
+
+def test_generate_yields_the_events_and_stops_after_the_finished_one() -> None:
+    async def scenario(engine: AsyncEngine) -> None:
+        outputs = await collect(engine.generate(make_request("r", "p", max_new_tokens=3)))
+        assert [output.text for output in outputs] == ["a", "b", "c"]
+        assert [output.finish_reason for output in outputs] == [None, None, FinishReason.LENGTH]
+        assert engine.is_healthy
+
+    run_with_engine(scenario, make_core())
+
+
+def test_leaving_the_iteration_early_aborts_the_request() -> None:
+    core = make_core()
+
+    async def scenario(engine: AsyncEngine) -> None:
+        request = make_request("r", "p", max_new_tokens=ENDLESS)
+        async with contextlib.aclosing(engine.generate(request)) as stream:
+            async for output in stream:
+                assert output.text == "a"
+                break
+        await eventually(lambda: not core.has_work())
+        assert (core.num_running, core.num_waiting) == (0, 0)
+        outputs = await collect(engine.generate(make_request("next", "p", max_new_tokens=1)))
+        assert outputs[-1].finish_reason is FinishReason.LENGTH
+
+    run_with_engine(scenario, core)
+
+
+def test_a_reused_request_id_gets_only_its_own_events() -> None:
+    runner = FakeRunner(scripts={"q": "q"})
+
+    async def scenario(engine: AsyncEngine) -> None:
+        request = make_request("r", "p", max_new_tokens=ENDLESS)
+        async with contextlib.aclosing(engine.generate(request)) as stream:
+            await anext(stream)
+            # Block the loop while the engine thread runs a few more steps of "r": their
+            # events wait in the loop's queue.
+            steps = len(runner.calls)
+            deadline = time.monotonic() + 2
+            while len(runner.calls) < steps + 5 and time.monotonic() < deadline:
+                time.sleep(0.001)
+        outputs = await collect(engine.generate(make_request("r", "q", max_new_tokens=1)))
+        assert [output.text for output in outputs] == ["q"]
+
+    run_with_engine(scenario, make_core(runner))
+
+
+def test_too_many_requests_in_flight_is_overloaded() -> None:
+    runner = FakeRunner(gate=threading.Event())
+
+    async def scenario(engine: AsyncEngine) -> None:
+        tasks = await start_blocked(engine, runner, ["a", "b"])
+        with pytest.raises(Overloaded, match=r"too many requests in flight \(2\)"):
+            await anext(engine.generate(make_request("c", "c")))
+        runner.gate.set()
+        for task in tasks:
+            assert (await task)[-1].finish_reason is FinishReason.LENGTH
+        outputs = await collect(engine.generate(make_request("c", "c", max_new_tokens=1)))
+        assert outputs[-1].finish_reason is FinishReason.LENGTH
+
+    run_with_engine(scenario, make_core(runner), max_unfinished=2)
+
+
+def test_a_request_id_in_use_is_rejected() -> None:
+    runner = FakeRunner(gate=threading.Event())
+
+    async def scenario(engine: AsyncEngine) -> None:
+        [task] = await start_blocked(engine, runner, ["a"])
+        with pytest.raises(InvalidRequest) as caught:
+            await anext(engine.generate(make_request("a", "b")))
+        assert caught.value.field == "id"
+        assert "'a' is already in use" in caught.value.reason
+        runner.gate.set()
+        assert [output.text for output in await task] == ["a", "b"]
+
+    run_with_engine(scenario, make_core(runner))
+
+
+def test_a_timed_out_request_raises_from_the_iterator() -> None:
+    core = make_core(FakeRunner(step_delay_s=0.005))
+
+    async def scenario(engine: AsyncEngine) -> None:
+        request = make_request("r", "p", max_new_tokens=ENDLESS, timeout_s=0.05)
+        with pytest.raises(RequestTimedOut, match="timed out after 0.05 s"):
+            await collect(engine.generate(request))
+        await eventually(lambda: not core.has_work())
+
+    run_with_engine(scenario, core)
+
+
+def test_after_shutdown_the_engine_is_unhealthy_and_refuses_requests() -> None:
+    async def main() -> None:
+        engine = make_engine(make_core())
+        engine.start(asyncio.get_running_loop())
+        assert engine.is_healthy
+        await engine.shutdown()
+        assert not engine.is_healthy
+        with pytest.raises(EngineDead, match="not running"):
+            await anext(engine.generate(make_request("r")))
+
+    asyncio.run(main())
+
+
+def test_an_engine_that_was_never_started_refuses_requests() -> None:
+    async def main() -> None:
+        engine = make_engine(make_core())
+        assert not engine.is_healthy
+        with pytest.raises(EngineDead):
+            await anext(engine.generate(make_request("r")))
+
+    asyncio.run(main())
+
+
+def test_when_the_engine_loop_dies_requests_in_flight_get_engine_dead() -> None:
+    core = make_core()
+    exploded = threading.Event()
+    step = core.step
+
+    def exploding_step() -> list[RequestOutput]:
+        if exploded.is_set():
+            raise RuntimeError("scripted engine loop failure")
+        return step()
+
+    core.step = exploding_step
+
+    async def scenario(engine: AsyncEngine) -> None:
+        stream = engine.generate(make_request("r", "p", max_new_tokens=ENDLESS))
+        await anext(stream)
+        exploded.set()
+        with pytest.raises(EngineDead, match="the engine stopped"):
+            await collect(stream)
+        assert not engine.is_healthy
+        with pytest.raises(EngineDead):
+            await anext(engine.generate(make_request("next")))
+
+    run_with_engine(scenario, core)
+
+
+def test_a_request_in_flight_at_shutdown_ends_with_engine_dead() -> None:
+    runner = FakeRunner(gate=threading.Event())
+
+    async def main() -> None:
+        engine = make_engine(make_core(runner))
+        engine.start(asyncio.get_running_loop())
+        request = make_request("r", "p", max_new_tokens=ENDLESS)
+        consumer = asyncio.create_task(collect(engine.generate(request)))
+        await eventually(lambda: len(runner.calls) > 0)  # the engine thread is in prefill
+        shutdown = asyncio.create_task(engine.shutdown())
+        await asyncio.sleep(0.05)
+        runner.gate.set()
+        await shutdown
+        with pytest.raises(EngineDead):
+            await asyncio.wait_for(consumer, timeout=1)
+
+    asyncio.run(main())

@@ -1,0 +1,175 @@
+"""engine.core.EngineCore driven by a scripted fake runner and a letter tokenizer."""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+
+import pytest
+from fakes import EOS_ID, FakeRunner, ids, make_core, make_request
+
+from engine.core import EngineCore
+from engine.errors import GenerationFailed, RequestTimedOut
+from engine.request import FinishReason, RequestOutput
+
+
+def run(core: EngineCore, max_steps: int = 100) -> dict[str, list[RequestOutput]]:
+    """Step until the core is idle; the outputs of each request, in order."""
+    outputs: dict[str, list[RequestOutput]] = defaultdict(list)
+    for _ in range(max_steps):
+        if not core.has_work():
+            return outputs
+        for output in core.step():
+            outputs[output.request_id].append(output)
+    raise AssertionError(f"the core still had work after {max_steps} steps")
+
+
+def texts(outputs: list[RequestOutput]) -> list[str]:
+    return [output.text for output in outputs]
+
+
+def test_request_runs_to_max_new_tokens_and_finishes_with_length() -> None:
+    runner = FakeRunner(scripts={"p": "hello"})
+    core = make_core(runner)
+    core.add(make_request("r", "p", max_new_tokens=4))
+    outputs = run(core)["r"]
+    assert texts(outputs) == ["h", "e", "l", "l"]
+    assert [output.new_token_ids for output in outputs] == [ids("h"), ids("e"), ids("l"), ids("l")]
+    assert [output.num_generated_tokens for output in outputs] == [1, 2, 3, 4]
+    assert [output.finish_reason for output in outputs] == [None, None, None, FinishReason.LENGTH]
+    assert all(output.num_prompt_tokens == 1 and output.seed == 7 for output in outputs)
+    assert runner.calls == [("prefill", "p"), ("decode", ids("h")[0]), ("decode", ids("e")[0]),
+                            ("decode", ids("l")[0])]
+    assert not core.has_work()
+
+
+def test_eos_token_ends_the_request_with_an_empty_text_event() -> None:
+    core = make_core(FakeRunner(scripts={"p": "hiz"}))
+    core.add(make_request("r", "p", max_new_tokens=10))
+    outputs = run(core)["r"]
+    assert texts(outputs) == ["h", "i", ""]
+    assert outputs[-1].new_token_ids == (EOS_ID,)
+    assert outputs[-1].finish_reason is FinishReason.EOS
+    assert outputs[-1].num_generated_tokens == 3
+
+
+@pytest.mark.parametrize(("script", "stop", "expected_text", "events"), [
+    ("abcdef", ("cd",), "ab", 4),
+    ("abcdef", ("c",), "ab", 3),
+    ("abcdef", ("xy", "bcd", "de"), "a", 4),   # the first complete stop string wins
+    ("abcabd", ("abd",), "abc", 6),            # "ab" starts a stop string twice
+])
+def test_stop_string_ends_the_request_and_is_not_emitted(script: str, stop: tuple[str, ...],
+                                                         expected_text: str, events: int) -> None:
+    core = make_core(FakeRunner(scripts={"p": script}))
+    core.add(make_request("r", "p", max_new_tokens=20, stop=stop))
+    outputs = run(core)["r"]
+    assert "".join(texts(outputs)) == expected_text
+    assert len(outputs) == events
+    assert outputs[-1].finish_reason is FinishReason.STOP
+    assert [output.finish_reason for output in outputs[:-1]] == [None] * (events - 1)
+
+
+def test_text_that_may_start_a_stop_string_is_held_back_until_it_cannot() -> None:
+    core = make_core(FakeRunner(scripts={"p": "abcdxyw"}))
+    core.add(make_request("r", "p", max_new_tokens=7, stop=("cde",)))
+    outputs = run(core)["r"]
+    emitted = [""]
+    for text in texts(outputs):
+        emitted.append(emitted[-1] + text)
+    emitted = emitted[1:]  # what the client has seen after each event
+    assert all("abcdxyw".startswith(seen) for seen in emitted)
+    assert "c" not in emitted[2] and "c" not in emitted[3]  # "c", then "cd" may become "cde"
+    assert emitted[5].startswith("abcd")  # released within len("cde") - 1 characters of "x"
+    assert emitted[-1] == "abcdxyw"
+    assert outputs[-1].finish_reason is FinishReason.LENGTH
+
+
+def test_waiting_requests_are_admitted_by_priority_then_arrival() -> None:
+    runner = FakeRunner()
+    core = make_core(runner, max_running=1)
+    for prompt, priority in (("e", 5), ("a", 1), ("c", 3), ("b", 1)):
+        core.add(make_request(prompt, prompt, max_new_tokens=1, priority=priority))
+    core.step()
+    assert (core.num_running, core.num_waiting) == (0, 3)  # one token: done in its first step
+    run(core)
+    assert runner.prefilled_prompts() == ["a", "b", "c", "e"]
+
+
+def test_running_requests_are_limited_to_max_running() -> None:
+    core = make_core(max_running=2)
+    for name in "abc":
+        core.add(make_request(name, name, max_new_tokens=5))
+    core.step()
+    assert (core.num_running, core.num_waiting) == (2, 1)
+
+
+def test_aborted_waiting_request_emits_nothing_and_never_runs() -> None:
+    runner = FakeRunner()
+    core = make_core(runner, max_running=1)
+    core.add(make_request("running", "a", max_new_tokens=3))
+    core.add(make_request("waiting", "b", max_new_tokens=3))
+    core.step()
+    core.abort("waiting")
+    assert (core.num_running, core.num_waiting) == (1, 0)
+    outputs = run(core)
+    assert set(outputs) == {"running"}
+    assert outputs["running"][-1].finish_reason is FinishReason.LENGTH
+    assert runner.prefilled_prompts() == ["a"]
+
+
+def test_aborting_every_request_leaves_the_core_idle() -> None:
+    runner = FakeRunner()
+    core = make_core(runner, max_running=1)
+    core.add(make_request("running", "a", max_new_tokens=10))
+    core.add(make_request("waiting", "b", max_new_tokens=10))
+    assert [output.request_id for output in core.step()] == ["running"]
+    core.abort("running")
+    assert core.has_work()
+    core.abort("waiting")
+    core.abort("no-such-request")
+    assert (core.num_running, core.num_waiting, core.has_work()) == (0, 0, False)
+    calls = list(runner.calls)
+    assert core.step() == []
+    assert runner.calls == calls
+
+
+def test_waiting_request_past_its_timeout_gets_a_timeout_error_and_leaves() -> None:
+    runner = FakeRunner()
+    core = make_core(runner)
+    core.add(make_request("r", "p", timeout_s=0.001))
+    time.sleep(0.01)
+    [output] = core.step()
+    assert isinstance(output.error, RequestTimedOut)
+    assert output.error.message == "request timed out after 0.001 s"
+    assert (output.request_id, output.new_token_ids, output.text) == ("r", (), "")
+    assert output.is_last
+    assert not core.has_work()
+    assert runner.calls == []
+
+
+def test_running_request_past_its_timeout_stops_while_others_go_on() -> None:
+    core = make_core()
+    core.add(make_request("slow", "a", max_new_tokens=10, timeout_s=0.2))
+    core.add(make_request("other", "b", max_new_tokens=3))
+    core.step()
+    time.sleep(0.25)
+    outputs = run(core)
+    [timed_out] = outputs["slow"]
+    assert isinstance(timed_out.error, RequestTimedOut)
+    assert timed_out.num_generated_tokens == 1
+    assert outputs["other"][-1].finish_reason is FinishReason.LENGTH
+    assert outputs["other"][-1].num_generated_tokens == 3
+
+
+def test_a_model_failure_fails_only_its_request() -> None:
+    core = make_core(FakeRunner(scripts={"g": "xyz"}, fail_prefill={"f"}))
+    core.add(make_request("bad", "f"))
+    core.add(make_request("good", "g", max_new_tokens=2))
+    outputs = run(core)
+    [failed] = outputs["bad"]
+    assert isinstance(failed.error, GenerationFailed)
+    assert failed.error.message == "generation failed in the model step"
+    assert failed.finish_reason is None and failed.is_last
+    assert texts(outputs["good"]) == ["x", "y"]
+    assert outputs["good"][-1].finish_reason is FinishReason.LENGTH

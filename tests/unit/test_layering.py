@@ -1,0 +1,57 @@
+"""Dependency rules between the packages, checked on their source's import statements."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+FORBIDDEN = {
+    "engine": {"grpc", "grpc_health", "grpc_reflection", "tornado", "proto", "server", "gateway",
+               "tls"},
+    "gateway": {"torch", "transformers", "engine"},
+    "tls": {"grpc", "torch", "engine", "server", "gateway", "proto"},
+}
+
+
+def imported_modules(source: str) -> dict[str, int]:
+    """Top-level names of the absolute imports in `source`, with the line of their first use."""
+    modules: dict[str, int] = {}
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        else:
+            continue
+        for name in names:
+            modules.setdefault(name.partition(".")[0], node.lineno)
+    return modules
+
+
+def test_imported_modules_finds_every_absolute_import() -> None:
+    source = ("import grpc.aio\nimport os, torch as t\nfrom proto import grpc_service_pb2\n"
+              "from . import sibling\n\ndef lazy():\n    from server.codec import aggregate\n")
+    assert imported_modules(source) == {"grpc": 1, "os": 2, "torch": 2, "proto": 3, "server": 7}
+
+
+@pytest.mark.parametrize("package", FORBIDDEN)
+def test_package_imports_none_of_its_forbidden_dependencies(package: str) -> None:
+    files = sorted((ROOT / package).rglob("*.py"))
+    assert files, f"no Python files under {package}/"
+    violations = [f"{path.relative_to(ROOT)}:{line} imports {module}"
+                  for path in files
+                  for module, line in imported_modules(path.read_text()).items()
+                  if module in FORBIDDEN[package]]
+    assert violations == []
+
+
+def test_importing_the_gateway_does_not_load_torch() -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", "import gateway, sys; assert 'torch' not in sys.modules"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr

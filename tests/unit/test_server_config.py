@@ -1,0 +1,237 @@
+"""MindIE-style config files (server.config), the CLI's layering of defaults, file and flags
+(server.cli), and the engine error -> gRPC status table (server.errors)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import grpc
+import pytest
+
+from engine import errors as engine_errors
+from engine.config import EngineConfig
+from engine.errors import (EngineDead, EngineError, GenerationFailed, InvalidRequest, NotFound,
+                           Overloaded, PromptTooLong, RequestTimedOut)
+from server.cli import _configs, _parser
+from server.config import ConfigError, ServerConfig, read_config_file, tls_files_from_settings
+from server.errors import status_for
+from tls import DevPKIPaths, TLSConfigError, TLSFiles, write_dev_pki
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> DevPKIPaths:
+    return write_dev_pki(tmp_path_factory.mktemp("cli") / "pki")
+
+
+def mindie_config(**server_overrides: object) -> dict[str, object]:
+    """The layout of MindIE's config.json, with the keys switchboard reads."""
+    server = {"ipAddress": "127.0.0.1", "port": 1025, "httpsEnabled": True,
+              "tlsCaPath": "security/ca/", "tlsCaFile": ["ca.pem"],
+              "tlsCert": "security/certs/server.pem", "tlsPk": "security/keys/server.key.pem",
+              **server_overrides}
+    return {
+        "Version": "1.0.0",
+        "ServerConfig": {key: value for key, value in server.items() if value is not None},
+        "BackendConfig": {
+            "ModelDeployConfig": {
+                "maxSeqLen": 1024,
+                "maxInputTokenLen": 512,
+                "ModelConfig": [{"modelName": "y", "modelWeightPath": "weights/model.gguf"}],
+            },
+            "ScheduleConfig": {"maxBatchSize": 16, "maxIterTimes": 256, "maxPrefillTokens": 4096},
+        },
+    }
+
+
+def write_config(folder: Path, document: object) -> Path:
+    path = folder / "config.json"
+    path.write_text(json.dumps(document))
+    return path
+
+
+def pki_config(pki: DevPKIPaths, **server_overrides: object) -> dict[str, object]:
+    return mindie_config(tlsCaPath=str(pki.folder), tlsCert=str(pki.server_cert),
+                         tlsPk=str(pki.server_key), **server_overrides)
+
+
+def configs(*args: str) -> tuple[EngineConfig, ServerConfig]:
+    return _configs(_parser().parse_args(["serve", *args]))
+
+
+def test_mindie_config_keys_are_read_under_our_names(tmp_path: Path) -> None:
+    settings = read_config_file(write_config(tmp_path, mindie_config()))
+    assert settings == {
+        "https_enabled": True,
+        "tls_ca_path": tmp_path / "security" / "ca",
+        "tls_ca_file": ["ca.pem"],
+        "tls_cert": tmp_path / "security" / "certs" / "server.pem",
+        "tls_pk": tmp_path / "security" / "keys" / "server.key.pem",
+        "max_seq_len": 1024,
+        "max_input_token_len": 512,
+        "model_name": "y",
+        "model": tmp_path / "weights" / "model.gguf",
+        "max_batch_size": 16,
+        "max_iter_times": 256,
+        "max_prefill_tokens": 4096,
+    }
+
+
+def test_absolute_paths_are_kept(tmp_path: Path) -> None:
+    settings = read_config_file(write_config(tmp_path, {"tlsCert": "/etc/pki/server.pem"}))
+    assert settings == {"tls_cert": Path("/etc/pki/server.pem")}
+
+
+def test_a_flat_config_works_too(tmp_path: Path) -> None:
+    settings = read_config_file(write_config(tmp_path, {"maxSeqLen": 100, "grpcPort": 9001}))
+    assert settings == {"max_seq_len": 100, "grpc_port": 9001}
+
+
+def test_a_key_set_twice_to_different_values_is_an_error(tmp_path: Path) -> None:
+    path = write_config(tmp_path, {"A": {"maxSeqLen": 100}, "B": {"maxSeqLen": 200}})
+    with pytest.raises(ConfigError, match=re.escape(f"{path} sets maxSeqLen twice")):
+        read_config_file(path)
+
+
+def test_a_key_set_twice_to_the_same_value_is_accepted(tmp_path: Path) -> None:
+    path = write_config(tmp_path, {"A": {"maxSeqLen": 100}, "B": {"maxSeqLen": 100}})
+    assert read_config_file(path) == {"max_seq_len": 100}
+
+
+def test_a_path_set_twice_to_the_same_value_is_accepted(tmp_path: Path) -> None:
+    path = write_config(tmp_path, {"A": {"tlsCert": "server.pem"}, "B": {"tlsCert": "server.pem"}})
+    assert read_config_file(path) == {"tls_cert": tmp_path / "server.pem"}
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    ("{not json", "is not valid JSON"),
+    ("[1, 2]", "must hold a JSON object"),
+    ('"text"', "must hold a JSON object"),
+])
+def test_unusable_config_file_is_a_config_error_naming_it(tmp_path: Path, content: str,
+                                                          message: str) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(content)
+    with pytest.raises(ConfigError) as caught:
+        read_config_file(path)
+    assert str(path) in str(caught.value)
+    assert message in str(caught.value)
+
+
+def test_missing_config_file_is_a_config_error_naming_it(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=re.escape(
+            f"cannot read config file {tmp_path / 'absent.json'}")):
+        read_config_file(tmp_path / "absent.json")
+
+
+def test_tls_files_come_from_ca_path_first_ca_file_cert_and_key(tmp_path: Path) -> None:
+    settings = read_config_file(write_config(tmp_path, mindie_config(
+        tlsCaFile=["root.pem", "other.pem"])))
+    assert tls_files_from_settings(settings) == TLSFiles(
+        ca_file=tmp_path / "security" / "ca" / "root.pem",
+        cert_file=tmp_path / "security" / "certs" / "server.pem",
+        key_file=tmp_path / "security" / "keys" / "server.key.pem")
+
+
+def test_no_tls_settings_means_no_tls_files() -> None:
+    assert tls_files_from_settings({"max_seq_len": 10, "https_enabled": True}) is None
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    ({"tls_cert": "s.pem"}, "missing: tls_ca_file, tls_pk"),
+    ({"tls_ca_file": ["ca.pem"], "tls_cert": "s.pem"}, "missing: tls_pk"),
+    ({"tls_ca_file": [], "tls_cert": "s.pem", "tls_pk": "k.pem"}, "must name at least one file"),
+])
+def test_incomplete_tls_settings_are_an_error(settings: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        tls_files_from_settings(settings)
+
+
+def test_without_ca_path_the_ca_file_is_next_to_the_config_file(tmp_path: Path) -> None:
+    settings = read_config_file(write_config(tmp_path, mindie_config(tlsCaPath=None)))
+    assert tls_files_from_settings(settings).ca_file == tmp_path / "ca.pem"
+
+
+def test_flags_override_the_config_file(tmp_path: Path) -> None:
+    path = write_config(tmp_path, mindie_config())
+    engine_config, server_config = configs("--config", str(path), "--model-name", "x",
+                                           "--model", "/models/other.gguf", "--device", "cpu",
+                                           "--grpc-port", "0", "--insecure")
+    assert server_config.model_name == "x"
+    assert server_config.grpc_port == 0
+    assert engine_config.model == Path("/models/other.gguf")
+    assert engine_config.device == "cpu"
+    assert (engine_config.max_seq_len, engine_config.max_input_token_len,
+            engine_config.max_batch_size, engine_config.max_iter_times,
+            engine_config.max_prefill_tokens) == (1024, 512, 16, 256, 4096)
+
+
+def test_the_config_file_overrides_the_defaults(tmp_path: Path) -> None:
+    engine_config, server_config = configs("--config", str(write_config(tmp_path, mindie_config())),
+                                           "--insecure")
+    assert server_config.model_name == "y"
+    assert engine_config.model == tmp_path / "weights" / "model.gguf"
+    assert (server_config.grpc_host, server_config.grpc_port) == ("127.0.0.1", 8001)
+
+
+def test_insecure_flag_serves_without_tls(tmp_path: Path) -> None:
+    _, server_config = configs("--config", str(write_config(tmp_path, mindie_config())),
+                               "--insecure")
+    assert server_config.tls is None
+    assert server_config.is_insecure
+
+
+def test_https_disabled_in_the_config_file_serves_without_tls(tmp_path: Path) -> None:
+    path = write_config(tmp_path, mindie_config(httpsEnabled=False))
+    assert configs("--config", str(path))[1].tls is None
+
+
+def test_tls_files_named_by_the_config_file_are_used(tmp_path: Path, pki: DevPKIPaths) -> None:
+    path = write_config(tmp_path, pki_config(pki))
+    assert configs("--config", str(path))[1].tls == TLSFiles(
+        ca_file=pki.ca_cert, cert_file=pki.server_cert, key_file=pki.server_key)
+
+
+def test_tls_dir_flag_overrides_the_config_files_tls(tmp_path: Path, pki: DevPKIPaths) -> None:
+    path = write_config(tmp_path, mindie_config())  # its TLS files do not exist
+    assert configs("--config", str(path), "--tls-dir", str(pki.folder))[1].tls == TLSFiles(
+        ca_file=pki.ca_cert, cert_file=pki.server_cert, key_file=pki.server_key)
+
+
+def test_missing_tls_files_are_reported_before_serving(tmp_path: Path) -> None:
+    with pytest.raises(TLSConfigError, match=re.escape(
+            f"{tmp_path / 'ca.pem'} does not exist")):
+        configs("--tls-dir", str(tmp_path))
+
+
+def test_cache_dir_defaults_under_xdg_cache_home(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert configs("--insecure")[0].cache_dir == tmp_path / "xdg" / "switchboard"
+    assert configs("--insecure", "--cache-dir", "/c")[0].cache_dir == Path("/c")
+
+
+ERROR_STATUSES = [
+    (InvalidRequest("temperature", "bad"), grpc.StatusCode.INVALID_ARGUMENT),
+    (PromptTooLong("prompt", "too long"), grpc.StatusCode.INVALID_ARGUMENT),
+    (Overloaded("busy"), grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (NotFound("no such model"), grpc.StatusCode.NOT_FOUND),
+    (RequestTimedOut("late"), grpc.StatusCode.DEADLINE_EXCEEDED),
+    (EngineDead("stopped"), grpc.StatusCode.UNAVAILABLE),
+    (GenerationFailed("boom"), grpc.StatusCode.INTERNAL),
+    (EngineError("unclassified"), grpc.StatusCode.INTERNAL),
+]
+
+
+@pytest.mark.parametrize(("error", "status"), ERROR_STATUSES,
+                         ids=[type(error).__name__ for error, _ in ERROR_STATUSES])
+def test_each_engine_error_maps_to_its_grpc_status(error: EngineError,
+                                                   status: grpc.StatusCode) -> None:
+    assert status_for(error) is status
+
+
+def test_the_status_table_covers_every_engine_error_class() -> None:
+    defined = {value for value in vars(engine_errors).values()
+               if isinstance(value, type) and issubclass(value, EngineError)}
+    assert defined == {type(error) for error, _ in ERROR_STATUSES}

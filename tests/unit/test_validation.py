@@ -1,0 +1,237 @@
+"""engine.validation.build_request: MindIE's parameter table, its defaults, ranges and errors."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from engine.config import EngineLimits
+from engine.errors import InvalidRequest, PromptTooLong
+from engine.params import GenerationRequest
+from engine.validation import build_request
+
+LIMITS = EngineLimits(vocab_size=100, max_seq_len=64, max_input_len=63, max_iter_times=32)
+PROMPT = (1, 2, 3)
+UINT64_MAX = 2**64 - 1
+INT32_MAX = 2**31 - 1
+
+
+def build(parameters: dict[str, object] | None = None,
+          prompt: tuple[int, ...] | list[int] = PROMPT) -> GenerationRequest:
+    return build_request("req-1", prompt, parameters or {}, LIMITS)
+
+
+def rejection(parameters: dict[str, object] | None = None,
+              prompt: tuple[int, ...] | list[int] = PROMPT) -> InvalidRequest:
+    with pytest.raises(InvalidRequest) as caught:
+        build(parameters, prompt)
+    return caught.value
+
+
+def test_defaults_are_greedy_20_tokens_priority_5_and_600_seconds() -> None:
+    request = build()
+    assert request.request_id == "req-1"
+    assert request.prompt_token_ids == PROMPT
+    assert request.priority == 5
+    assert request.timeout_s == 600.0
+    sampling = request.sampling
+    assert sampling.do_sample is False
+    assert sampling.max_new_tokens == 20
+    assert (sampling.temperature, sampling.top_k, sampling.top_p, sampling.typical_p,
+            sampling.repetition_penalty, sampling.stop) == (1.0, 0, 1.0, 1.0, 1.0, ())
+
+
+def test_absent_seed_is_drawn_in_range_and_differs_between_requests() -> None:
+    first, second = build().sampling.seed, build().sampling.seed
+    assert 1 <= first <= UINT64_MAX
+    assert 1 <= second <= UINT64_MAX
+    assert first != second
+
+
+@pytest.mark.parametrize(("name", "value", "attribute", "expected"), [
+    ("temperature", 1e-6, "temperature", 1e-6),
+    ("temperature", 100.0, "temperature", 100.0),
+    ("top_k", 0, "top_k", 0),
+    ("top_k", INT32_MAX, "top_k", INT32_MAX),
+    ("top_p", 1e-6, "top_p", 1e-6),
+    ("top_p", 1.0, "top_p", 1.0),
+    ("typical_p", 1e-6, "typical_p", 1e-6),
+    ("typical_p", 1, "typical_p", 1.0),
+    ("repetition_penalty", 1e-6, "repetition_penalty", 1e-6),
+    ("repetition_penalty", 10.0, "repetition_penalty", 10.0),
+    ("seed", 1, "seed", 1),
+    ("seed", UINT64_MAX, "seed", UINT64_MAX),
+    ("max_new_tokens", 1, "max_new_tokens", 1),
+    ("priority", 1, "priority", 1),
+    ("priority", 5, "priority", 5),
+    ("timeout", 1e-3, "timeout_s", 1e-3),
+    ("timeout", 3600, "timeout_s", 3600.0),
+])
+def test_range_edges_are_accepted(name: str, value: object, attribute: str,
+                                  expected: object) -> None:
+    request = build({name: value})
+    owner = request if attribute in ("priority", "timeout_s") else request.sampling
+    assert getattr(owner, attribute) == expected
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("temperature", 0.0),
+    ("temperature", -1.0),
+    ("temperature", math.inf),
+    ("top_k", -1),
+    ("top_k", INT32_MAX + 1),
+    ("top_p", 0.0),
+    ("top_p", 1.0001),
+    ("typical_p", 0.0),
+    ("typical_p", 1.5),
+    ("repetition_penalty", 0.0),
+    ("repetition_penalty", -0.5),
+    ("seed", 0),
+    ("seed", UINT64_MAX + 1),
+    ("max_new_tokens", 0),
+    ("max_new_tokens", INT32_MAX + 1),
+    ("priority", 0),
+    ("priority", 6),
+    ("timeout", 0),
+    ("timeout", -1.0),
+    ("timeout", 3600.5),
+])
+def test_values_outside_the_range_are_rejected_naming_the_parameter(name: str,
+                                                                    value: object) -> None:
+    error = rejection({name: value})
+    assert error.field == name
+    assert name in error.message
+    assert "must be in" in error.reason
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("temperature", True),
+    ("temperature", "0.5"),
+    ("temperature", math.nan),
+    ("top_p", math.nan),
+    ("top_k", False),
+    ("top_k", "5"),
+    ("top_k", 5.0),
+    ("seed", 1.5),
+    ("max_new_tokens", 10.0),
+    ("priority", math.nan),
+    ("timeout", True),
+    ("do_sample", 1),
+    ("do_sample", "true"),
+    ("watermark", "false"),
+])
+def test_values_of_the_wrong_type_are_rejected_naming_the_parameter(name: str,
+                                                                    value: object) -> None:
+    error = rejection({name: value})
+    assert error.field == name
+    assert name in error.message
+    assert repr(value) in error.reason
+
+
+def test_unknown_parameter_is_rejected_naming_it() -> None:
+    error = rejection({"temperature": 0.5, "best_of": 2})
+    assert error.field == "best_of"
+    assert "unknown parameter" in error.reason
+    assert "best_of" in error.message
+
+
+@pytest.mark.parametrize("hint", [{"temperature": 0.7}, {"top_k": 5}, {"top_p": 0.9},
+                                  {"typical_p": 0.9}])
+def test_sampling_parameters_without_do_sample_turn_sampling_on(hint: dict[str, object]) -> None:
+    assert build(hint).sampling.do_sample is True
+
+
+def test_repetition_penalty_alone_keeps_greedy_decoding() -> None:
+    assert build({"repetition_penalty": 1.2}).sampling.do_sample is False
+
+
+def test_explicit_do_sample_false_wins_over_temperature() -> None:
+    sampling = build({"do_sample": False, "temperature": 0.7}).sampling
+    assert sampling.do_sample is False
+    assert sampling.temperature == 0.7
+
+
+def test_explicit_do_sample_true_samples_with_default_settings() -> None:
+    assert build({"do_sample": True}).sampling.do_sample is True
+
+
+@pytest.mark.parametrize(("prompt_length", "requested", "expected"), [
+    (3, 20, 20),       # within every limit
+    (3, 1000, 32),     # capped by max_iter_times
+    (40, 1000, 24),    # capped by max_seq_len - prompt length (64 - 40)
+    (63, 5, 1),        # the longest prompt leaves room for one token
+])
+def test_max_new_tokens_is_capped_by_the_limits(prompt_length: int, requested: int,
+                                                expected: int) -> None:
+    request = build({"max_new_tokens": requested}, prompt=[7] * prompt_length)
+    assert request.sampling.max_new_tokens == expected
+
+
+def test_empty_prompt_is_rejected() -> None:
+    error = rejection(prompt=[])
+    assert error.field == "prompt"
+    assert "at least one token" in error.reason
+
+
+def test_prompt_longer_than_max_input_len_is_prompt_too_long() -> None:
+    with pytest.raises(PromptTooLong) as caught:
+        build(prompt=[1] * 64)
+    assert caught.value.field == "prompt"
+    assert "has 64 tokens; at most 63" in caught.value.reason
+
+
+@pytest.mark.parametrize(("bad_id", "position"), [(100, 2), (-1, 0), (10**6, 1)])
+def test_token_id_outside_the_vocabulary_is_rejected_naming_its_position(bad_id: int,
+                                                                          position: int) -> None:
+    prompt = [5, 6, 7]
+    prompt[position] = bad_id
+    error = rejection(prompt=prompt)
+    assert type(error) is InvalidRequest
+    assert error.field == "prompt"
+    assert f"token id {bad_id} at position {position}" in error.reason
+    assert "[0, 100)" in error.reason
+
+
+def test_highest_vocabulary_id_is_accepted() -> None:
+    assert build(prompt=[0, 99]).prompt_token_ids == (0, 99)
+
+
+@pytest.mark.parametrize(("stop", "expected"), [
+    ("###", ("###",)),
+    (["a", "\n\n"], ("a", "\n\n")),
+    (("x",), ("x",)),
+    ([], ()),
+    (["s"] * 16, ("s",) * 16),
+])
+def test_stop_accepts_a_string_or_a_list_of_strings(stop: object,
+                                                    expected: tuple[str, ...]) -> None:
+    assert build({"stop": stop}).sampling.stop == expected
+
+
+@pytest.mark.parametrize(("stop", "reason"), [
+    ("", "non-empty string"),
+    (["ok", ""], "non-empty string"),
+    (["ok", 3], "non-empty string"),
+    (42, "non-empty string"),
+    (["s"] * 17, "up to 16 stop sequences; got 17"),
+])
+def test_invalid_stop_is_rejected(stop: object, reason: str) -> None:
+    error = rejection({"stop": stop})
+    assert error.field == "stop"
+    assert reason in error.reason
+
+
+def test_watermark_true_is_rejected() -> None:
+    error = rejection({"watermark": True})
+    assert error.field == "watermark"
+    assert "not supported" in error.reason
+
+
+def test_watermark_false_is_accepted() -> None:
+    assert build({"watermark": False}).sampling.do_sample is False
+
+
+def test_compatibility_parameters_are_accepted_and_change_nothing() -> None:
+    request = build({"details": True, "perf_stat": False, "batch_size": 4, "seed": 9})
+    assert request == build({"seed": 9})
