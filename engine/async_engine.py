@@ -19,7 +19,9 @@ from engine.config import EngineConfig, EngineLimits
 from engine.core import EngineCore
 from engine.errors import EngineDead, InvalidRequest, Overloaded
 from engine.loader import LoadedModel, load_model
-from engine.model_runner import TransformersRunner
+from engine.block_manager import BlockManager
+from engine.paged_runner import PagedRunner, kv_bytes_per_token
+from engine.scheduler import Scheduler
 from engine.params import GenerationRequest
 from engine.request import RequestOutput
 
@@ -35,6 +37,8 @@ class ModelInfo:
     dtype: str
     vocab_size: int
     eos_token_ids: frozenset[int]
+    num_kv_blocks: int
+    block_size: int
 
 
 class AsyncEngine:
@@ -65,13 +69,22 @@ class AsyncEngine:
 
     @classmethod
     def from_loaded(cls, loaded: LoadedModel, config: EngineConfig) -> AsyncEngine:
-        core = EngineCore(TransformersRunner(loaded.model, loaded.device), loaded.tokenizer,
-                          loaded.eos_token_ids, max_running=config.max_batch_size)
+        num_blocks = config.num_kv_blocks or max(1, config.kv_cache_mib * 2**20 // (
+            config.block_size * kv_bytes_per_token(loaded.model, loaded.dtype)))
+        runner = PagedRunner(loaded.model, loaded.device, num_blocks, config.block_size)
+        block_manager = BlockManager(num_blocks, config.block_size,
+                                     enable_prefix_caching=config.enable_prefix_caching)
+        scheduler = Scheduler(block_manager, max_running=config.max_batch_size,
+                              max_batched_tokens=config.max_batched_tokens,
+                              max_prefill_tokens=config.max_prefill_tokens)
+        core = EngineCore(runner, loaded.tokenizer, loaded.eos_token_ids, scheduler)
         limits = EngineLimits.from_config(config, vocab_size=loaded.vocab_size,
-                                          max_position_embeddings=loaded.max_position_embeddings)
+                                          max_position_embeddings=loaded.max_position_embeddings,
+                                          kv_capacity_tokens=num_blocks * config.block_size)
         info = ModelInfo(source=loaded.source, device=str(loaded.device),
                          dtype=str(loaded.dtype).removeprefix("torch."),
-                         vocab_size=loaded.vocab_size, eos_token_ids=loaded.eos_token_ids)
+                         vocab_size=loaded.vocab_size, eos_token_ids=loaded.eos_token_ids,
+                         num_kv_blocks=num_blocks, block_size=config.block_size)
         return cls(core, loaded.tokenizer, limits, info,
                    max_unfinished=config.max_batch_size + config.max_queue_len)
 

@@ -16,6 +16,11 @@ class EngineConfig:
     model: a Hugging Face folder or a .gguf file; None means the packaged SmolLM2.
     cache_dir: where a GGUF file's one-time conversion to a Hugging Face folder is kept
     (parsing GGUF metadata takes ~20 s on a small CPU; the converted folder loads in ~1 s).
+    max_batched_tokens: tokens computed per engine step, decode and prefill together: a long
+    prompt is prefilled in chunks of this size while running streams keep decoding.
+    max_prefill_tokens (MindIE's maxPrefillTokens) caps the prompt tokens within one step.
+    The KV cache pool holds num_kv_blocks blocks of block_size tokens (MindIE's
+    cacheBlockSize); num_kv_blocks 0 sizes the pool from kv_cache_mib.
     """
 
     model: Path | None = None
@@ -28,6 +33,11 @@ class EngineConfig:
     max_batch_size: int = 200
     max_prefill_tokens: int = 8192
     max_queue_len: int = 1000
+    max_batched_tokens: int = 256
+    block_size: int = 16
+    num_kv_blocks: int = 0
+    kv_cache_mib: int = 768
+    enable_prefix_caching: bool = True
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
@@ -35,13 +45,14 @@ class EngineConfig:
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
         for name in ("max_seq_len", "max_input_token_len", "max_iter_times", "max_batch_size",
-                     "max_prefill_tokens"):
+                     "max_prefill_tokens", "max_batched_tokens", "block_size", "kv_cache_mib"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer; got {value!r}")
-        if isinstance(self.max_queue_len, bool) or not isinstance(self.max_queue_len, int) \
-                or self.max_queue_len < 0:
-            raise ValueError(f"max_queue_len must be a non-negative integer; got {self.max_queue_len!r}")
+        for name in ("max_queue_len", "num_kv_blocks"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be a non-negative integer; got {value!r}")
         if self.max_iter_times > self.max_seq_len:
             raise ValueError(f"max_iter_times ({self.max_iter_times}) must not exceed "
                              f"max_seq_len ({self.max_seq_len})")
@@ -52,7 +63,8 @@ class EngineLimits:
     """Limits a request is validated against, fixed once the model is loaded.
 
     max_seq_len is the configured maxSeqLen capped by the model's position embeddings;
-    max_input_len is maxInputTokenLen capped so at least one token can be generated.
+    max_input_len is maxInputTokenLen capped so at least one token can be generated; both
+    are capped by the KV cache pool's capacity.
     """
 
     vocab_size: int
@@ -61,9 +73,10 @@ class EngineLimits:
     max_iter_times: int
 
     @classmethod
-    def from_config(cls, config: EngineConfig, *, vocab_size: int,
-                    max_position_embeddings: int) -> EngineLimits:
-        max_seq_len = min(config.max_seq_len, max_position_embeddings)
+    def from_config(cls, config: EngineConfig, *, vocab_size: int, max_position_embeddings: int,
+                    kv_capacity_tokens: int) -> EngineLimits:
+        """A request must fit the KV pool alone, or it could never be scheduled."""
+        max_seq_len = min(config.max_seq_len, max_position_embeddings, kv_capacity_tokens)
         return cls(
             vocab_size=vocab_size,
             max_seq_len=max_seq_len,

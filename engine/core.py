@@ -1,46 +1,53 @@
-"""EngineCore: the synchronous heart. Each `step()` expires timeouts, admits waiting requests
-by priority, runs the model for every running request, samples, and reports what changed.
+"""EngineCore: the synchronous heart. Each `step()` reads: expire timeouts; schedule; run the
+model on the scheduled chunks; sample; update requests and emit events.
 
-It is driven by one thread (AsyncEngine) and is testable with a fake ModelRunner.
+It is driven by one thread (AsyncEngine) and is testable with a fake model runner.
 """
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import logging
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
+from typing import Protocol
+
+import torch
 
 from engine.detokenizer import Decoder, IncrementalDetokenizer
 from engine.errors import EngineError, GenerationFailed, RequestTimedOut
-from engine.model_runner import ModelRunner
 from engine.params import GenerationRequest
-from engine.request import FinishReason, Request, RequestOutput, RequestStatus
-from engine.sampler import make_generator, sample_next_token
+from engine.paged_runner import SequenceChunk
+from engine.request import (FinishReason, Request, RequestOutput, RequestStatus, RequestTimings,
+                            TokenLogprob)
+from engine.sampler import make_generator, sample_batch
+from engine.scheduler import ScheduledChunk, Scheduler
 
 logger = logging.getLogger(__name__)
 
 
+class ModelRunner(Protocol):
+    def execute(self, chunks: Sequence[SequenceChunk]) -> torch.Tensor:
+        """Logits [chunks that sample, vocab] at each sampling chunk's last token."""
+
+
 class EngineCore:
     def __init__(self, runner: ModelRunner, tokenizer: Decoder, eos_token_ids: Collection[int],
-                 max_running: int) -> None:
+                 scheduler: Scheduler) -> None:
         self._runner = runner
         self._tokenizer = tokenizer
         self._eos_token_ids = frozenset(eos_token_ids)
-        self._max_running = max_running
-        self._waiting: list[tuple[tuple[int, int], Request]] = []
-        self._running: list[Request] = []
+        self.scheduler = scheduler
         self._requests: dict[str, Request] = {}
         self._arrivals = itertools.count()
 
     @property
     def num_waiting(self) -> int:
-        return len(self._waiting)
+        return self.scheduler.num_waiting
 
     @property
     def num_running(self) -> int:
-        return len(self._running)
+        return len(self.scheduler.running)
 
     def has_work(self) -> bool:
         return bool(self._requests)
@@ -53,7 +60,7 @@ class EngineCore:
             generator=make_generator(spec.sampling.seed),
         )
         self._requests[spec.request_id] = request
-        heapq.heappush(self._waiting, (request.sort_key, request))
+        self.scheduler.add(request)
 
     def abort(self, request_id: str) -> None:
         """Drop a request whose consumer is gone; it emits nothing more."""
@@ -64,10 +71,58 @@ class EngineCore:
 
     def step(self) -> list[RequestOutput]:
         outputs = self._expire(time.monotonic())
-        self._admit()
-        for request in list(self._running):
-            outputs.append(self._run_one(request))
+        chunks = self.scheduler.schedule()
+        if not chunks:
+            return outputs
+        chunks, logits, outputs_of_failed = self._execute(chunks)
+        outputs.extend(outputs_of_failed)
+        for chunk in chunks:
+            request = chunk.request
+            request.num_computed_tokens += chunk.num_tokens
+            self.scheduler.block_manager.commit(request.block_table, request.all_token_ids,
+                                                request.num_computed_tokens)
+        sampling = [chunk.request for chunk in chunks if chunk.samples]
+        try:
+            sampled = sample_batch(logits, sampling, self._eos_token_ids)
+        except Exception:
+            logger.exception("sampling failed for requests %s",
+                             ", ".join(request.request_id for request in sampling))
+            return outputs + [self._fail(request) for request in sampling]
+        step_time = time.monotonic()
+        for request, (token_id, logprob) in zip(sampling, sampled):
+            outputs.append(self._append_token(request, token_id, logprob, step_time, len(chunks)))
         return outputs
+
+    def _execute(self, chunks: list[ScheduledChunk]
+                 ) -> tuple[list[ScheduledChunk], torch.Tensor, list[RequestOutput]]:
+        """Run the model; if the batch fails, run its chunks one by one so that only the
+        requests that fail alone are failed (K/V writes to a slot are idempotent)."""
+        try:
+            return chunks, self._runner.execute([self._sequence_chunk(c) for c in chunks]), []
+        except Exception:
+            if len(chunks) == 1:
+                logger.exception("request %s failed in the model step", chunks[0].request.request_id)
+                return [], torch.empty(0), [self._fail(chunks[0].request)]
+            logger.exception("a model step of %d requests failed; retrying them one by one",
+                             len(chunks))
+        survivors: list[ScheduledChunk] = []
+        rows: list[torch.Tensor] = []
+        failed: list[RequestOutput] = []
+        for chunk in chunks:
+            survived, logits, failure = self._execute([chunk])
+            survivors.extend(survived)
+            failed.extend(failure)
+            if survived and chunk.samples:
+                rows.append(logits)
+        return survivors, torch.cat(rows) if rows else torch.empty(0), failed
+
+    @staticmethod
+    def _sequence_chunk(chunk: ScheduledChunk) -> SequenceChunk:
+        request = chunk.request
+        end = chunk.start + chunk.num_tokens
+        return SequenceChunk(request_id=request.request_id,
+                             token_ids=request.all_token_ids[chunk.start:end], start=chunk.start,
+                             block_ids=request.block_table.block_ids, samples=chunk.samples)
 
     def _expire(self, now: float) -> list[RequestOutput]:
         expired = [r for r in self._requests.values() if now >= r.deadline]
@@ -77,38 +132,30 @@ class EngineCore:
         return [self._error_output(r, RequestTimedOut(
             f"request timed out after {r.spec.timeout_s:g} s")) for r in expired]
 
-    def _admit(self) -> None:
-        while self._waiting and len(self._running) < self._max_running:
-            _, request = heapq.heappop(self._waiting)
-            request.status = RequestStatus.RUNNING
-            self._running.append(request)
+    def _fail(self, request: Request) -> RequestOutput:
+        self._finish(request, RequestStatus.FINISHED_FAILED)
+        return self._error_output(request, GenerationFailed("generation failed in the model step"))
 
-    def _run_one(self, request: Request) -> RequestOutput:
-        try:
-            if request.model_state is None:
-                logits, request.model_state = self._runner.prefill(request.spec.prompt_token_ids)
-            else:
-                logits = self._runner.decode(request.output_token_ids[-1], request.model_state)
-            token_id = sample_next_token(logits, request.spec.sampling, request.seen_token_ids(),
-                                         request.generator)
-        except Exception:
-            logger.exception("request %s failed in the model step", request.request_id)
-            self._finish(request, RequestStatus.FINISHED_FAILED)
-            return self._error_output(request, GenerationFailed("generation failed in the model step"))
-        return self._append_token(request, token_id)
-
-    def _append_token(self, request: Request, token_id: int) -> RequestOutput:
-        request.output_token_ids.append(token_id)
+    def _append_token(self, request: Request, token_id: int, logprob: TokenLogprob | None,
+                      step_time: float, batch_size: int) -> RequestOutput:
         sampling = request.spec.sampling
+        request.output_token_ids.append(token_id)
+        if request.first_token_time is None:
+            request.first_token_time = step_time
+        num_generated = len(request.output_token_ids)
         finish: FinishReason | None = None
-        if token_id in self._eos_token_ids:
+        if token_id in self._eos_token_ids and not sampling.ignore_eos:
             finish = FinishReason.EOS
+        elif token_id in sampling.stop_token_ids:
+            finish = FinishReason.STOP
         else:
-            finish = self._append_text(request, request.detokenizer.add(token_id))
-        if finish is None and len(request.output_token_ids) >= sampling.max_new_tokens:
+            finish = self._append_text(request, request.detokenizer.add(token_id),
+                                       check_stops=num_generated > sampling.min_new_tokens)
+        if finish is None and num_generated >= sampling.max_new_tokens:
             finish = FinishReason.LENGTH
         if finish is not None and finish is not FinishReason.STOP:
-            finish = self._append_text(request, request.detokenizer.flush()) or finish
+            finish = self._append_text(request, request.detokenizer.flush(),
+                                       check_stops=True) or finish
         held_back = 0 if finish is not None else max(map(len, sampling.stop), default=1) - 1
         emit_to = max(request.num_emitted_chars, len(request.text) - held_back)
         delta = request.text[request.num_emitted_chars:emit_to]
@@ -121,18 +168,26 @@ class EngineCore:
             new_token_ids=(token_id,),
             text=delta,
             num_prompt_tokens=len(request.spec.prompt_token_ids),
-            num_generated_tokens=len(request.output_token_ids),
+            num_generated_tokens=num_generated,
             seed=sampling.seed,
             finish_reason=finish,
+            logprobs=(logprob,) if logprob is not None else (),
+            num_cached_tokens=request.num_cached_tokens,
+            timings=RequestTimings(
+                queue_wait=(request.first_scheduled_time or step_time) - request.arrival_time,
+                first_token=request.first_token_time - request.arrival_time,
+                step_time=step_time,
+                batch_size=batch_size,
+            ),
         )
 
     @staticmethod
-    def _append_text(request: Request, text: str) -> FinishReason | None:
+    def _append_text(request: Request, text: str, *, check_stops: bool) -> FinishReason | None:
         """Add decoded text; cut it at the first stop string, if one is now complete."""
         stops = request.spec.sampling.stop
         search_from = max(0, len(request.text) - max(map(len, stops), default=0) + 1)
         request.text += text
-        if not text or not stops:
+        if not text or not stops or not check_stops:
             return None
         hits = [i for i in (request.text.find(stop, search_from) for stop in stops) if i >= 0]
         if not hits:
@@ -142,13 +197,8 @@ class EngineCore:
 
     def _finish(self, request: Request, status: RequestStatus) -> None:
         request.status = status
-        request.model_state = None
         self._requests.pop(request.request_id, None)
-        if request in self._running:
-            self._running.remove(request)
-        else:
-            self._waiting = [(key, r) for key, r in self._waiting if r is not request]
-            heapq.heapify(self._waiting)
+        self.scheduler.remove(request)
 
     @staticmethod
     def _error_output(request: Request, error: EngineError) -> RequestOutput:

@@ -14,6 +14,10 @@ class SamplingParams:
 
     top_k == 0 means no top-k cut; max_new_tokens is already capped by maxIterTimes and by
     what fits in maxSeqLen after the prompt; seed is always set (drawn when absent).
+    Presence and frequency penalties (OpenAI's) apply to generated tokens; the repetition
+    penalty (CTRL's) to prompt and generated tokens. Before min_new_tokens are generated,
+    neither EOS nor a stop token nor a stop string ends the request. logprobs: None for none,
+    else report each chosen token's log-probability and this many top alternatives.
     """
 
     do_sample: bool
@@ -24,7 +28,13 @@ class SamplingParams:
     top_p: float = 1.0
     typical_p: float = 1.0
     repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
     stop: tuple[str, ...] = ()
+    stop_token_ids: frozenset[int] = frozenset()
+    ignore_eos: bool = False
+    min_new_tokens: int = 0
+    logprobs: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

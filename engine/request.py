@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engine.block_manager import BlockTable
 from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import EngineError
 from engine.params import GenerationRequest
@@ -27,14 +28,39 @@ class RequestStatus(enum.IntEnum):
 
     WAITING = 0
     RUNNING = 1
-    FINISHED_STOPPED = 2
-    FINISHED_ABORTED = 3
-    FINISHED_TIMED_OUT = 4
-    FINISHED_FAILED = 5
+    PREEMPTED = 2
+    FINISHED_STOPPED = 3
+    FINISHED_ABORTED = 4
+    FINISHED_TIMED_OUT = 5
+    FINISHED_FAILED = 6
 
     @property
     def is_finished(self) -> bool:
         return self >= RequestStatus.FINISHED_STOPPED
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """A generated token's log-probability under the model, and the most likely alternatives."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RequestTimings:
+    """Per-request timings (seconds): MindIE's perf_stat material.
+
+    queue_wait: arrival to first scheduled; first_token: arrival to first token;
+    step_time: when this event's step ended (monotonic clock), so consumers get each token's
+    time since the previous one; batch_size: requests in that step.
+    """
+
+    queue_wait: float
+    first_token: float
+    step_time: float
+    batch_size: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +78,9 @@ class RequestOutput:
     seed: int
     finish_reason: FinishReason | None = None
     error: EngineError | None = None
+    logprobs: tuple[TokenLogprob, ...] = ()
+    num_cached_tokens: int = 0
+    timings: RequestTimings | None = None
 
     @property
     def is_last(self) -> bool:
@@ -72,7 +101,11 @@ class Request:
     text: str = ""
     num_emitted_chars: int = 0
     finish_reason: FinishReason | None = None
-    model_state: object = None
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = 0
+    block_table: BlockTable = field(default_factory=BlockTable)
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
 
     @property
     def request_id(self) -> str:
@@ -87,5 +120,16 @@ class Request:
         """Waiting order: priority (1 first), then arrival."""
         return (self.spec.priority, self.arrival_index)
 
-    def seen_token_ids(self) -> list[int]:
+    @property
+    def all_token_ids(self) -> list[int]:
+        """Prompt and generated tokens: what the KV cache must hold (a preempted request
+        recomputes them all)."""
         return [*self.spec.prompt_token_ids, *self.output_token_ids]
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.spec.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return self.num_tokens - self.num_computed_tokens

@@ -1,17 +1,19 @@
-"""Turns one step's logits into the next token of one request.
+"""Turns one step's logits into the next token of every request that samples.
 
-The order of the logits processors is transformers': repetition penalty, then temperature,
-top-k, top-p and typical-p. Each request draws from its own seeded generator, so its output
-does not depend on what else is running.
+Penalties and min-token masks apply row by row; greedy rows are one argmax for the batch.
+Sampled rows follow transformers' order (temperature, top-k, top-p, typical-p) and draw
+with the exponential race (argmax of p / Exp(1) noise, equivalent to drawing from p) from
+the request's own seeded generator, so a seed reproduces its output whatever else runs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import torch
 
 from engine.params import SamplingParams
+from engine.request import Request, TokenLogprob
 
 
 def make_generator(seed: int) -> torch.Generator:
@@ -20,14 +22,27 @@ def make_generator(seed: int) -> torch.Generator:
     return generator
 
 
-def sample_next_token(logits: torch.Tensor, params: SamplingParams, seen_token_ids: Sequence[int],
-                      generator: torch.Generator) -> int:
-    """logits: 1-D over the vocabulary; seen_token_ids: prompt and generated tokens so far."""
-    logits = logits.float()
-    if params.repetition_penalty != 1.0 and seen_token_ids:
-        logits = _apply_repetition_penalty(logits, seen_token_ids, params.repetition_penalty)
-    if not params.do_sample:
-        return int(torch.argmax(logits))
+def sample_batch(logits: torch.Tensor, requests: Sequence[Request],
+                 eos_token_ids: Collection[int]) -> list[tuple[int, TokenLogprob | None]]:
+    """logits: [len(requests), vocab] float32 on CPU (modified in place)."""
+    if not requests:
+        return []
+    raw_logprobs = {row: torch.log_softmax(logits[row], dim=-1)
+                    for row, request in enumerate(requests)
+                    if request.spec.sampling.logprobs is not None}
+    for row, request in enumerate(requests):
+        _apply_penalties(logits[row], request)
+        _mask_early_stops(logits[row], request, eos_token_ids)
+    tokens = logits.argmax(dim=-1).tolist()
+    for row, request in enumerate(requests):
+        if request.spec.sampling.do_sample:
+            tokens[row] = sample_row(logits[row], request.spec.sampling, request.generator)
+    return [(token, _logprob(raw_logprobs[row], token, request.spec.sampling.logprobs)
+             if row in raw_logprobs else None)
+            for row, (token, request) in enumerate(zip(tokens, requests))]
+
+
+def sample_row(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
     logits = logits / params.temperature
     if 0 < params.top_k < logits.numel():
         kth_largest = torch.topk(logits, params.top_k).values[-1]
@@ -36,25 +51,46 @@ def sample_next_token(logits: torch.Tensor, params: SamplingParams, seen_token_i
         logits = _top_p(logits, params.top_p)
     if params.typical_p < 1.0:
         logits = _typical_p(logits, params.typical_p)
-    probs = torch.softmax(logits, dim=-1).cpu()
-    return int(torch.multinomial(probs, 1, generator=generator))
+    probs = torch.softmax(logits, dim=-1)
+    noise = torch.empty_like(probs).exponential_(generator=generator)
+    return int(torch.argmax(probs / noise))
 
 
-def _apply_repetition_penalty(logits: torch.Tensor, token_ids: Sequence[int],
-                              penalty: float) -> torch.Tensor:
-    """CTRL-style penalty: shrink a seen token's logit towards "less likely" whatever its sign."""
-    ids = torch.tensor(sorted(set(token_ids)), device=logits.device)
-    seen = logits[ids]
-    logits = logits.clone()
-    logits[ids] = torch.where(seen < 0, seen * penalty, seen / penalty)
-    return logits
+def _apply_penalties(logits: torch.Tensor, request: Request) -> None:
+    params = request.spec.sampling
+    if params.repetition_penalty != 1.0:
+        seen = torch.tensor(request.all_token_ids).unique()
+        scores = logits[seen]
+        # CTRL-style: move a seen token's logit towards "less likely" whatever its sign.
+        logits[seen] = torch.where(scores < 0, scores * params.repetition_penalty,
+                                   scores / params.repetition_penalty)
+    if (params.presence_penalty or params.frequency_penalty) and request.output_token_ids:
+        counts = torch.bincount(torch.tensor(request.output_token_ids),
+                                minlength=logits.numel()).to(logits.dtype)
+        logits -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0)
+
+
+def _mask_early_stops(logits: torch.Tensor, request: Request,
+                      eos_token_ids: Collection[int]) -> None:
+    params = request.spec.sampling
+    if len(request.output_token_ids) >= params.min_new_tokens:
+        return
+    banned = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_token_ids))
+    if banned:
+        logits[list(banned)] = -torch.inf
+
+
+def _logprob(logprobs: torch.Tensor, token: int, num_top: int) -> TokenLogprob:
+    top = torch.topk(logprobs, num_top) if num_top else None
+    alternatives = tuple(zip(top.indices.tolist(), top.values.tolist())) if top is not None else ()
+    return TokenLogprob(token_id=token, logprob=float(logprobs[token]), top=alternatives)
 
 
 def _top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     """Keep the smallest set of most likely tokens whose probability reaches top_p."""
     sorted_logits, order = torch.sort(logits, descending=True)
-    cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
-    drop_sorted = cumulative - torch.softmax(sorted_logits, dim=-1) >= top_p
+    probs = torch.softmax(sorted_logits, dim=-1)
+    drop_sorted = probs.cumsum(dim=-1) - probs >= top_p
     drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
     return logits.masked_fill(drop, -torch.inf)
 
@@ -65,9 +101,7 @@ def _typical_p(logits: torch.Tensor, typical_p: float) -> torch.Tensor:
     log_probs = torch.log_softmax(logits, dim=-1)
     probs = log_probs.exp()
     entropy = -torch.nansum(probs * log_probs)
-    distance = (-log_probs - entropy).abs()
-    sorted_distance, order = torch.sort(distance)
-    cumulative = probs[order].cumsum(dim=-1)
-    drop_sorted = cumulative - probs[order] >= typical_p
+    order = torch.argsort((-log_probs - entropy).abs())
+    drop_sorted = probs[order].cumsum(dim=-1) - probs[order] >= typical_p
     drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
     return logits.masked_fill(drop, -torch.inf)

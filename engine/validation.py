@@ -20,6 +20,7 @@ UINT64_MAX = 2**64 - 1
 MAX_STOP_SEQUENCES = 16
 DEFAULT_MAX_NEW_TOKENS = 20
 MAX_TIMEOUT_S = 3600.0
+MAX_TOP_LOGPROBS = 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,21 +53,25 @@ FLOAT_RANGES: dict[str, Interval] = {
     "typical_p": Interval(0.0, 1.0, low_open=True),
     "repetition_penalty": Interval(0.0, math.inf, low_open=True, high_open=True),
     "timeout": Interval(0.0, MAX_TIMEOUT_S, low_open=True),
+    "presence_penalty": Interval(-2.0, 2.0),
+    "frequency_penalty": Interval(-2.0, 2.0),
 }
 INT_RANGES: dict[str, Interval] = {
     "top_k": Interval(0, INT32_MAX),
     "max_new_tokens": Interval(1, INT32_MAX),
     "seed": Interval(1, UINT64_MAX),
     "priority": Interval(1, 5),
+    "min_new_tokens": Interval(0, INT32_MAX),
+    "top_logprobs": Interval(0, MAX_TOP_LOGPROBS),
 }
-BOOL_PARAMS = ("do_sample", "watermark")
+BOOL_PARAMS = ("do_sample", "watermark", "ignore_eos", "logprobs")
 # Accepted for compatibility with MindIE's text interface; they change nothing in generation.
 IGNORED_PARAMS = frozenset({"details", "perf_stat", "batch_size"})
 # Present with one of these, and without do_sample, the request samples (MindIE: do_sample
 # "absent → decided by the other parameters").
 SAMPLING_HINTS = ("temperature", "top_k", "top_p", "typical_p")
 SUPPORTED_PARAMS = frozenset(FLOAT_RANGES) | frozenset(INT_RANGES) | frozenset(BOOL_PARAMS) \
-    | IGNORED_PARAMS | {"stop"}
+    | IGNORED_PARAMS | {"stop", "stop_token_ids"}
 
 
 def build_request(request_id: str, prompt_token_ids: Sequence[int],
@@ -84,6 +89,8 @@ def build_request(request_id: str, prompt_token_ids: Sequence[int],
     floats = {name: _float(parameters, name, interval) for name, interval in FLOAT_RANGES.items()}
     ints = {name: _int(parameters, name, interval) for name, interval in INT_RANGES.items()}
     bools = {name: _bool(parameters, name) for name in BOOL_PARAMS}
+    if ints["top_logprobs"] and not bools["logprobs"]:
+        raise InvalidRequest("top_logprobs", "needs logprobs set to true")
     if bools["watermark"]:
         raise InvalidRequest("watermark", "watermarking is not supported")
     do_sample = bools["do_sample"]
@@ -99,7 +106,13 @@ def build_request(request_id: str, prompt_token_ids: Sequence[int],
         top_p=floats["top_p"] or 1.0,
         typical_p=floats["typical_p"] or 1.0,
         repetition_penalty=floats["repetition_penalty"] or 1.0,
+        presence_penalty=floats["presence_penalty"] or 0.0,
+        frequency_penalty=floats["frequency_penalty"] or 0.0,
         stop=_stop_sequences(parameters),
+        stop_token_ids=_stop_token_ids(parameters, limits),
+        ignore_eos=bool(bools["ignore_eos"]),
+        min_new_tokens=ints["min_new_tokens"] or 0,
+        logprobs=(ints["top_logprobs"] or 0) if bools["logprobs"] else None,
     )
     return GenerationRequest(
         request_id=request_id,
@@ -108,6 +121,20 @@ def build_request(request_id: str, prompt_token_ids: Sequence[int],
         priority=ints["priority"] or DEFAULT_PRIORITY,
         timeout_s=floats["timeout"] or DEFAULT_TIMEOUT_S,
     )
+
+
+def _stop_token_ids(parameters: Mapping[str, object], limits: EngineLimits) -> frozenset[int]:
+    value = parameters.get("stop_token_ids")
+    if value is None:
+        return frozenset()
+    if not isinstance(value, list | tuple) or not all(
+            isinstance(t, int) and not isinstance(t, bool) for t in value):
+        raise InvalidRequest("stop_token_ids", "must be a list of token ids")
+    outside = [t for t in value if not 0 <= t < limits.vocab_size]
+    if outside:
+        raise InvalidRequest("stop_token_ids", f"token id {outside[0]} is outside the vocabulary "
+                             f"[0, {limits.vocab_size})")
+    return frozenset(value)
 
 
 def _validate_prompt(token_ids: Sequence[int], limits: EngineLimits) -> tuple[int, ...]:

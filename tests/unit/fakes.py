@@ -13,7 +13,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engine.block_manager import BlockManager
 from engine.core import EngineCore
+from engine.paged_runner import SequenceChunk
+from engine.scheduler import Scheduler
 from engine.params import GenerationRequest, SamplingParams
 
 VOCAB_SIZE = 26
@@ -29,24 +32,29 @@ class FakeTokenizer:
         self.special_ids = frozenset(special_ids)
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = False) -> str:
-        return "".join(chr(ord("a") + token_id) for token_id in token_ids
-                       if not (skip_special_tokens and token_id in self.special_ids))
+        return letters([token_id for token_id in token_ids
+                        if not (skip_special_tokens and token_id in self.special_ids)])
 
 
 @dataclass
 class SequenceState:
     script: str
-    position: int = 0
+    num_prompt_tokens: int
 
 
 @dataclass
 class FakeRunner:
-    """Scripted ModelRunner: a sequence whose prompt is `ids(p)` generates `scripts[p]`,
-    cycled; other prompts generate DEFAULT_SCRIPT.
+    """Scripted ModelRunner over a virtual paged KV cache.
 
-    `calls` records ("prefill", prompt) and ("decode", token id). A prompt in `fail_prefill`
-    raises in prefill. While `gate` is set to an unset Event, prefill waits for it (5 s at
-    most); `step_delay_s` slows every call down.
+    Every computed token is stored at its cache slot (from the chunk's block table), and each
+    sampling chunk reads its whole context back through the block table, so broken paging
+    shows up as wrong output. A sequence whose prompt reads back as `ids(p)` generates
+    `scripts[p]`, cycled; other prompts generate DEFAULT_SCRIPT.
+
+    `calls` records ("prefill", prompt chunk) for chunks starting at position 0 and ("decode",
+    token id) for one-token chunks. A prompt in `fail_prefill` raises when its first chunk
+    runs. While `gate` is an unset Event, steps with a prefill wait for it (5 s at most);
+    `step_delay_s` slows every step down.
     """
 
     DEFAULT_SCRIPT = "abcdefghijklmnopqrstuvwxy"
@@ -55,34 +63,55 @@ class FakeRunner:
     fail_prefill: Collection[str] = ()
     gate: threading.Event | None = None
     step_delay_s: float = 0.0
+    block_size: int = 4
     calls: list[tuple[str, object]] = field(default_factory=list)
+    cache: dict[int, int] = field(default_factory=dict)
+    sequences: dict[str, SequenceState] = field(default_factory=dict)
 
-    def prefill(self, token_ids: Sequence[int]) -> tuple[torch.Tensor, SequenceState]:
-        prompt = "".join(chr(ord("a") + token_id) for token_id in token_ids)
-        self.calls.append(("prefill", prompt))
-        if self.gate is not None:
-            self.gate.wait(timeout=5)
-        if prompt in self.fail_prefill:
-            raise RuntimeError(f"scripted failure for prompt {prompt!r}")
-        state = SequenceState(self.scripts.get(prompt, self.DEFAULT_SCRIPT))
-        return self._next_logits(state), state
-
-    def decode(self, token_id: int, state: object) -> torch.Tensor:
-        self.calls.append(("decode", token_id))
-        assert isinstance(state, SequenceState)
-        return self._next_logits(state)
+    def execute(self, chunks: Sequence[SequenceChunk]) -> torch.Tensor:
+        if self.step_delay_s:
+            time.sleep(self.step_delay_s)
+        rows = []
+        for chunk in chunks:
+            self._record(chunk)
+            for offset, token_id in enumerate(chunk.token_ids):
+                self.cache[self._slot(chunk, chunk.start + offset)] = token_id
+            if chunk.samples:
+                context_len = chunk.start + len(chunk.token_ids)
+                context = [self.cache[self._slot(chunk, i)] for i in range(context_len)]
+                rows.append(self._next_logits(chunk.request_id, context))
+        return torch.stack(rows) if rows else torch.empty(0, VOCAB_SIZE)
 
     def prefilled_prompts(self) -> list[str]:
         return [prompt for kind, prompt in self.calls if kind == "prefill"]
 
-    def _next_logits(self, state: SequenceState) -> torch.Tensor:
-        if self.step_delay_s:
-            time.sleep(self.step_delay_s)
-        token_id = ids(state.script[state.position % len(state.script)])[0]
-        state.position += 1
+    def _record(self, chunk: SequenceChunk) -> None:
+        text = letters(chunk.token_ids)
+        if chunk.start == 0:
+            self.calls.append(("prefill", text))
+            if self.gate is not None:
+                self.gate.wait(timeout=5)
+            if text in self.fail_prefill:
+                raise RuntimeError(f"scripted failure for prompt {text!r}")
+        elif len(chunk.token_ids) == 1:
+            self.calls.append(("decode", chunk.token_ids[0]))
+
+    def _slot(self, chunk: SequenceChunk, position: int) -> int:
+        return chunk.block_ids[position // self.block_size] * self.block_size \
+            + position % self.block_size
+
+    def _next_logits(self, request_id: str, context: list[int]) -> torch.Tensor:
+        state = self.sequences.setdefault(request_id, SequenceState(
+            self.scripts.get(letters(context), self.DEFAULT_SCRIPT), len(context)))
+        position = len(context) - state.num_prompt_tokens
+        token_id = ids(state.script[position % len(state.script)])[0]
         logits = torch.full((VOCAB_SIZE,), -10.0)
         logits[token_id] = 10.0
         return logits
+
+
+def letters(token_ids: Sequence[int]) -> str:
+    return "".join(chr(ord("a") + token_id) for token_id in token_ids)
 
 
 def make_request(request_id: str, prompt: str = "p", *, max_new_tokens: int = 20,
@@ -93,5 +122,13 @@ def make_request(request_id: str, prompt: str = "p", *, max_new_tokens: int = 20
                              priority=priority, timeout_s=timeout_s)
 
 
-def make_core(runner: FakeRunner | None = None, *, max_running: int = 8) -> EngineCore:
-    return EngineCore(runner or FakeRunner(), FakeTokenizer(), {EOS_ID}, max_running=max_running)
+def make_core(runner: FakeRunner | None = None, *, max_running: int = 8, num_blocks: int = 256,
+              max_batched_tokens: int = 64, max_prefill_tokens: int = 64,
+              enable_prefix_caching: bool = True) -> EngineCore:
+    runner = runner or FakeRunner()
+    block_manager = BlockManager(num_blocks, runner.block_size,
+                                 enable_prefix_caching=enable_prefix_caching)
+    scheduler = Scheduler(block_manager, max_running=max_running,
+                          max_batched_tokens=max_batched_tokens,
+                          max_prefill_tokens=max_prefill_tokens)
+    return EngineCore(runner, FakeTokenizer(), {EOS_ID}, scheduler)

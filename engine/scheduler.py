@@ -1,0 +1,134 @@
+"""Decides, each step, which requests compute how many tokens.
+
+Scheduling is by token counts, not by phase: each running request asks for the tokens it
+has not computed yet (a whole prompt, the rest of a prompt, or one token when decoding),
+within a per-step budget; chunked prefill falls out of that arithmetic. Running requests
+go first, highest priority first, so a long prompt cannot stall streams that are decoding.
+When the KV pool runs out, the lowest-priority, latest request is preempted: its blocks
+are freed and it waits to be recomputed.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from dataclasses import dataclass
+
+from engine.block_manager import BlockManager
+from engine.request import Request, RequestStatus
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledChunk:
+    """Compute tokens [start, start + num_tokens) of a request's prompt-and-output tokens."""
+
+    request: Request
+    start: int
+    num_tokens: int
+
+    @property
+    def samples(self) -> bool:
+        """The chunk reaches the request's last token, so its logits give the next one."""
+        return self.start + self.num_tokens == self.request.num_tokens
+
+
+class Scheduler:
+    def __init__(self, block_manager: BlockManager, *, max_running: int, max_batched_tokens: int,
+                 max_prefill_tokens: int) -> None:
+        self.block_manager = block_manager
+        self._max_running = max_running
+        self._max_batched_tokens = max_batched_tokens
+        self._max_prefill_tokens = max_prefill_tokens
+        self._waiting: list[tuple[tuple[int, int], Request]] = []
+        self.running: list[Request] = []
+        self.num_preemptions = 0
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    def waiting(self) -> list[Request]:
+        return [request for _, request in self._waiting]
+
+    def add(self, request: Request) -> None:
+        heapq.heappush(self._waiting, (request.sort_key, request))
+
+    def remove(self, request: Request) -> None:
+        """Take a finished, aborted or timed-out request out, freeing its blocks."""
+        self.block_manager.free(request.block_table)
+        if request in self.running:
+            self.running.remove(request)
+        else:
+            self._waiting = [(key, r) for key, r in self._waiting if r is not request]
+            heapq.heapify(self._waiting)
+
+    def schedule(self) -> list[ScheduledChunk]:
+        budget = self._max_batched_tokens
+        prefill_budget = self._max_prefill_tokens
+        chunks: dict[Request, ScheduledChunk] = {}
+        preempted = False
+        for request in sorted(self.running, key=lambda r: r.sort_key):
+            if request.status is not RequestStatus.RUNNING:
+                continue
+            num_tokens = self._chunk_size(request, budget, prefill_budget)
+            if num_tokens == 0:
+                continue
+            while not self.block_manager.allocate(request.block_table,
+                                                  request.num_computed_tokens + num_tokens):
+                victim = max(self.running, key=lambda r: r.sort_key)
+                self._preempt(victim)
+                preempted = True
+                if victim in chunks:
+                    budget += chunks[victim].num_tokens
+                    prefill_budget += self._prefill_tokens(chunks.pop(victim))
+                if victim is request:
+                    break
+            if request.status is RequestStatus.RUNNING:
+                chunks[request] = ScheduledChunk(request, request.num_computed_tokens, num_tokens)
+                budget -= num_tokens
+                prefill_budget -= self._prefill_tokens(chunks[request])
+        if not preempted:
+            self._admit(chunks, budget, prefill_budget)
+        return list(chunks.values())
+
+    def _admit(self, chunks: dict[Request, ScheduledChunk], budget: int, prefill_budget: int
+               ) -> None:
+        """Start waiting requests, best priority first, while budget, slots and blocks last."""
+        while self._waiting and budget > 0 and len(self.running) < self._max_running:
+            request = self._waiting[0][1]
+            if not request.block_table.block_ids:
+                cached = self.block_manager.reuse_prefix(request.block_table, request.all_token_ids)
+                request.num_computed_tokens = cached
+                request.num_cached_tokens = max(request.num_cached_tokens, cached)
+            num_tokens = self._chunk_size(request, budget, prefill_budget)
+            if num_tokens == 0 or not self.block_manager.allocate(
+                    request.block_table, request.num_computed_tokens + num_tokens):
+                self.block_manager.free(request.block_table)
+                request.num_computed_tokens = 0
+                return
+            heapq.heappop(self._waiting)
+            request.status = RequestStatus.RUNNING
+            if request.first_scheduled_time is None:
+                request.first_scheduled_time = time.monotonic()
+            self.running.append(request)
+            chunks[request] = ScheduledChunk(request, request.num_computed_tokens, num_tokens)
+            budget -= num_tokens
+            prefill_budget -= self._prefill_tokens(chunks[request])
+
+    def _chunk_size(self, request: Request, budget: int, prefill_budget: int) -> int:
+        remaining = request.num_uncomputed_tokens
+        if remaining > 1:
+            return max(0, min(remaining, budget, prefill_budget))
+        return min(remaining, budget)
+
+    @staticmethod
+    def _prefill_tokens(chunk: ScheduledChunk) -> int:
+        return chunk.num_tokens if chunk.request.num_uncomputed_tokens > 1 else 0
+
+    def _preempt(self, request: Request) -> None:
+        self.block_manager.free(request.block_table)
+        self.running.remove(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        self.num_preemptions += 1
+        heapq.heappush(self._waiting, (request.sort_key, request))
