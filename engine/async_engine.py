@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from engine.config import EngineConfig, EngineLimits
-from engine.core import EngineCore
+from engine.core import EngineCore, EngineStats
 from engine.errors import EngineDead, InvalidRequest, Overloaded
 from engine.loader import LoadedModel, load_model
 from engine.block_manager import BlockManager
@@ -103,6 +103,10 @@ class AsyncEngine:
     @property
     def is_healthy(self) -> bool:
         return self._thread.is_alive() and not self._dead and not self._stopping
+
+    def stats(self) -> EngineStats:
+        """Read from any thread: a snapshot of counters the engine thread updates."""
+        return self._core.stats()
 
     def encode(self, text: str) -> list[int]:
         return self._tokenizer(text, add_special_tokens=True).input_ids

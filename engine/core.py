@@ -10,6 +10,7 @@ import itertools
 import logging
 import time
 from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -24,6 +25,17 @@ from engine.sampler import make_generator, sample_batch
 from engine.scheduler import ScheduledChunk, Scheduler
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    """A snapshot of the engine's load and KV cache (MindIE's slot and block counts)."""
+
+    num_free_blocks: int
+    num_total_blocks: int
+    num_waiting: int
+    num_running: int
+    num_preemptions: int
 
 
 class ModelRunner(Protocol):
@@ -48,6 +60,13 @@ class EngineCore:
     @property
     def num_running(self) -> int:
         return len(self.scheduler.running)
+
+    def stats(self) -> EngineStats:
+        block_manager = self.scheduler.block_manager
+        return EngineStats(num_free_blocks=block_manager.num_free_blocks,
+                           num_total_blocks=block_manager.num_blocks,
+                           num_waiting=self.num_waiting, num_running=self.num_running,
+                           num_preemptions=self.scheduler.num_preemptions)
 
     def has_work(self) -> bool:
         return bool(self._requests)

@@ -22,11 +22,11 @@ CACHE_DIR = Path.home() / ".cache" / "switchboard"
 
 
 class EngineHarness:
-    """One engine and one event loop for the module; each test runs coroutines on the loop."""
+    """One engine and one event loop; each test runs coroutines on the loop."""
 
-    def __init__(self) -> None:
+    def __init__(self, **config: object) -> None:
         self.loop = asyncio.new_event_loop()
-        self.engine = AsyncEngine.from_config(EngineConfig(cache_dir=CACHE_DIR))
+        self.engine = AsyncEngine.from_config(EngineConfig(cache_dir=CACHE_DIR, **config))
         self.engine.start(self.loop)
         self._ids = iter(range(1_000_000))
 
@@ -82,21 +82,59 @@ def test_chat_prompt_stops_at_end_of_turn(harness) -> None:
     assert "<|im_end|>" not in text_of(events)
 
 
-def test_greedy_tokens_equal_transformers_generate_for_concurrent_prompts(harness) -> None:
-    prompts = ["Hi", "The capital of France is", "List three colours:",
-               "Explain in one sentence why the sky is blue, and mention the sun.",
-               "1, 2, 3, 4,", "def fibonacci(n):"]
-    requests = [harness.request(p, do_sample=False, max_new_tokens=12) for p in prompts]
+PARITY_PROMPTS = ["Hi", "The capital of France is", "List three colours:",
+                  "Explain in one sentence why the sky is blue, and mention the sun.",
+                  "1, 2, 3, 4,", "def fibonacci(n):"]
+SYSTEM_PROMPT = ("<|im_start|>system\nYou are a concise assistant. Answer in one short sentence, "
+                 "without lists, and never apologise.<|im_end|>\n<|im_start|>user\n")
+
+
+@pytest.fixture(scope="module")
+def reference_model():
+    return AutoModelForCausalLM.from_pretrained(_hf_folder(default_model_path(), CACHE_DIR),
+                                                dtype=torch.float32)
+
+
+def assert_greedy_parity(harness, reference_model, prompts, max_new_tokens=12):
+    """Greedy tokens from the engine, all prompts submitted together, equal transformers'
+    generate(do_sample=False) run one prompt at a time."""
+    requests = [harness.request(p, do_sample=False, max_new_tokens=max_new_tokens)
+                for p in prompts]
     results = harness.generate(*requests)
-    model = AutoModelForCausalLM.from_pretrained(_hf_folder(default_model_path(), CACHE_DIR),
-                                                 dtype=torch.float32)
     for request, events in zip(requests, results):
         input_ids = torch.tensor([request.prompt_token_ids])
-        expected = model.generate(input_ids, do_sample=False, max_new_tokens=12,
-                                  attention_mask=torch.ones_like(input_ids))
-        reference = expected[0, input_ids.shape[1]:].tolist()
-        assert token_ids_of(events) == reference[:len(token_ids_of(events))]
-        assert len(token_ids_of(events)) == len(reference)
+        expected = reference_model.generate(input_ids, do_sample=False,
+                                            max_new_tokens=max_new_tokens,
+                                            attention_mask=torch.ones_like(input_ids))
+        assert token_ids_of(events) == expected[0, input_ids.shape[1]:].tolist()
+    return results
+
+
+def test_greedy_tokens_equal_transformers_generate_for_concurrent_prompts(
+        harness, reference_model) -> None:
+    assert_greedy_parity(harness, reference_model, PARITY_PROMPTS)
+
+
+def test_greedy_parity_holds_when_a_small_kv_pool_forces_preemption(reference_model) -> None:
+    small = EngineHarness(num_kv_blocks=8, block_size=8, max_batched_tokens=64)
+    try:
+        assert_greedy_parity(small, reference_model, PARITY_PROMPTS, max_new_tokens=24)
+        stats = small.engine.stats()
+        assert stats.num_preemptions > 0
+        assert stats.num_free_blocks == stats.num_total_blocks
+    finally:
+        small.close()
+
+
+def test_greedy_parity_holds_when_a_shared_system_prompt_hits_the_prefix_cache(
+        harness, reference_model) -> None:
+    questions = ["What is the capital of France?<|im_end|>\n<|im_start|>assistant\n",
+                 "Name a colour.<|im_end|>\n<|im_start|>assistant\n"]
+    assert_greedy_parity(harness, reference_model, [SYSTEM_PROMPT + questions[0]])
+    [second] = assert_greedy_parity(harness, reference_model, [SYSTEM_PROMPT + questions[1]])
+    shared_tokens = len(harness.engine.encode(SYSTEM_PROMPT))
+    block_size = harness.engine.info.block_size
+    assert second[-1].num_cached_tokens == shared_tokens // block_size * block_size > 0
 
 
 def test_chinese_stream_is_the_one_shot_decode_without_broken_characters(harness) -> None:
