@@ -29,6 +29,9 @@ FINAL_RESPONSE_PARAMETER = "triton_final_response"
 TRITON_RESERVED_PARAMETERS = frozenset({"sequence_id", "sequence_start", "sequence_end", "headers",
                                         "binary_data_output"})
 MICROSECONDS = 1_000_000
+# Parameters that take several values: sent as a JSON array in a string_param.
+LIST_PARAMETERS = ("stop", "stop_token_ids")
+UNCARRIED_PARAMETERS = frozenset({"logprobs", "top_logprobs"})
 
 
 class InputKind(enum.Enum):
@@ -111,8 +114,12 @@ def parameters_from_pb(parameters: Mapping[str, pb.InferParameter]) -> dict[str,
             continue
         choice = parameter.WhichOneof("parameter_choice")
         values[name] = getattr(parameter, choice) if choice else None
-    if isinstance(values.get("stop"), str) and values["stop"].startswith("["):
-        values["stop"] = _json_string_list(values["stop"])
+    for name in UNCARRIED_PARAMETERS & values.keys():
+        raise InvalidRequest(name, "is not available over KServe v2 gRPC: its responses have no "
+                             "place for log-probabilities")
+    for name in LIST_PARAMETERS:
+        if isinstance(values.get(name), str) and values[name].startswith("["):
+            values[name] = _json_list(name, values[name])
     if values.get("priority") == 0:
         del values["priority"]
     timeout = values.pop("timeout", None)
@@ -123,15 +130,15 @@ def parameters_from_pb(parameters: Mapping[str, pb.InferParameter]) -> dict[str,
     return values
 
 
-def _json_string_list(text: str) -> list[str]:
-    """`stop` as a JSON array: InferParameter has no list type, so several stop strings travel
-    as one JSON-encoded string."""
+def _json_list(name: str, text: str) -> list[object]:
+    """A list parameter as a JSON array: InferParameter has no list type, so several values
+    travel as one JSON-encoded string. Element types are checked by the engine's validation."""
     try:
         value = json.loads(text)
     except json.JSONDecodeError as error:
-        raise InvalidRequest("stop", f"starts with '[' but is not a JSON array: {error}") from None
+        raise InvalidRequest(name, f"starts with '[' but is not a JSON array: {error}") from None
     if not isinstance(value, list):
-        raise InvalidRequest("stop", "must be a string or a JSON array of strings")
+        raise InvalidRequest(name, "must be a JSON array")
     return value
 
 

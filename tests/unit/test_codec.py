@@ -321,3 +321,14 @@ def test_aggregate_concatenates_the_events() -> None:
 def test_aggregate_needs_a_finished_last_event(events: list[RequestOutput]) -> None:
     with pytest.raises(ValueError, match="must end with a finished one"):
         aggregate(events)
+
+
+def test_stop_token_ids_travel_as_a_json_array() -> None:
+    assert pb_parameters(stop_token_ids="[2, 0]") == {"stop_token_ids": [2, 0]}
+
+
+@pytest.mark.parametrize("name", ["logprobs", "top_logprobs"])
+def test_logprob_parameters_are_refused_over_grpc(name: str) -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        pb_parameters(**{name: True if name == "logprobs" else 3})
+    assert caught.value.field == name
