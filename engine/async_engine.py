@@ -11,21 +11,34 @@ import asyncio
 import dataclasses
 import itertools
 import logging
+import os
 import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
+import torch
+
+from engine.block_manager import BlockManager
 from engine.config import EngineConfig, EngineLimits
 from engine.core import EngineCore, EngineStats
 from engine.errors import EngineDead, InvalidRequest, Overloaded
 from engine.loader import LoadedModel, load_model
-from engine.block_manager import BlockManager
 from engine.paged_runner import PagedRunner, kv_bytes_per_token
 from engine.scheduler import Scheduler
 from engine.params import GenerationRequest
 from engine.request import RequestOutput
 
 logger = logging.getLogger(__name__)
+
+
+def default_num_threads() -> int:
+    """One core fewer than the process may use, at least one.
+
+    The engine shares the machine with the server's event loop (and often a client): an
+    OpenMP team as wide as the machine then waits, at every parallel op, for a worker the OS
+    has descheduled, and a decode step slows down several times over.
+    """
+    return max(1, len(os.sched_getaffinity(0)) - 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,12 +56,13 @@ class ModelInfo:
 
 class AsyncEngine:
     def __init__(self, core: EngineCore, tokenizer: object, limits: EngineLimits, info: ModelInfo,
-                 max_unfinished: int) -> None:
+                 max_unfinished: int, num_threads: int = 0) -> None:
         self._core = core
         self._tokenizer = tokenizer
         self.limits = limits
         self.info = info
         self._max_unfinished = max_unfinished
+        self._num_threads = num_threads
         # The core knows each request by an internal id unique for the engine's life, so late
         # events of an abandoned request never reach a newer request with the same caller id.
         self._streams: dict[str, asyncio.Queue[RequestOutput]] = {}
@@ -86,7 +100,8 @@ class AsyncEngine:
                          vocab_size=loaded.vocab_size, eos_token_ids=loaded.eos_token_ids,
                          num_kv_blocks=num_blocks, block_size=config.block_size)
         return cls(core, loaded.tokenizer, limits, info,
-                   max_unfinished=config.max_batch_size + config.max_queue_len)
+                   max_unfinished=config.max_batch_size + config.max_queue_len,
+                   num_threads=config.num_threads)
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -157,6 +172,7 @@ class AsyncEngine:
             self._wakeup.notify()
 
     def _run(self) -> None:
+        torch.set_num_threads(self._num_threads or default_num_threads())
         try:
             while True:
                 with self._wakeup:

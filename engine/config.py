@@ -21,6 +21,8 @@ class EngineConfig:
     max_prefill_tokens (MindIE's maxPrefillTokens) caps the prompt tokens within one step.
     The KV cache pool holds num_kv_blocks blocks of block_size tokens (MindIE's
     cacheBlockSize); num_kv_blocks 0 sizes the pool from kv_cache_mib.
+    num_threads: torch's intra-op threads for the engine's thread; 0 means one fewer than the
+    cores the process may use (see async_engine.default_num_threads).
     """
 
     model: Path | None = None
@@ -38,6 +40,7 @@ class EngineConfig:
     num_kv_blocks: int = 0
     kv_cache_mib: int = 768
     enable_prefix_caching: bool = True
+    num_threads: int = 0
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
@@ -49,7 +52,7 @@ class EngineConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer; got {value!r}")
-        for name in ("max_queue_len", "num_kv_blocks"):
+        for name in ("max_queue_len", "num_kv_blocks", "num_threads"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be a non-negative integer; got {value!r}")

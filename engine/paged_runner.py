@@ -79,8 +79,10 @@ class PagedRunner:
 
     @staticmethod
     def _fuse(layer: nn.Module) -> _Layer:
+        """Fuse a layer's projections; the originals are dropped from the model (the runner
+        owns it) so their weights are not held twice."""
         attention, mlp = layer.self_attn, layer.mlp
-        return _Layer(
+        fused = _Layer(
             input_norm=layer.input_layernorm,
             qkv=_concat_linear(attention.q_proj, attention.k_proj, attention.v_proj),
             o_proj=attention.o_proj,
@@ -89,6 +91,11 @@ class PagedRunner:
             down=mlp.down_proj,
             act=mlp.act_fn,
         )
+        for module, names in ((attention, ("q_proj", "k_proj", "v_proj")),
+                              (mlp, ("gate_proj", "up_proj"))):
+            for name in names:
+                delattr(module, name)
+        return fused
 
     @torch.inference_mode()
     def execute(self, chunks: Sequence[SequenceChunk]) -> torch.Tensor:

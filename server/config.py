@@ -37,6 +37,7 @@ CONFIG_KEYS = {
     "kvCacheBlocks": "num_kv_blocks",
     "kvCacheMiB": "kv_cache_mib",
     "enablePrefixCaching": "enable_prefix_caching",
+    "engineThreads": "num_threads",
     "httpsEnabled": "https_enabled",
     "tlsCaPath": "tls_ca_path",
     "tlsCaFile": "tls_ca_file",
