@@ -10,7 +10,7 @@ TORCH_VERSION ?= 2.13.0
 INSTALLED := $(VENV)/.installed
 ARGS ?=
 
-.PHONY: install proto certs run test clean
+.PHONY: install proto certs run test bench clean
 
 install: $(INSTALLED)
 
@@ -45,6 +45,13 @@ run: install certs
 test: install
 	$(PY) -m pytest -q tests --ignore=tests/peers
 	$(PY) -m pytest -q tests/peers
+
+bench: $(VENV)/.bench-installed
+	$(PY) -m bench $(ARGS)
+
+$(VENV)/.bench-installed: $(INSTALLED)
+	$(PIP) install --quiet -e '.[test,bench]'
+	touch $@
 
 clean:
 	rm -rf $(VENV) build *.egg-info proto/*_pb2*.py proto/*_pb2.pyi

@@ -1,0 +1,199 @@
+"""`python -m bench [--quick]`: start the real server, load it at each concurrency level, stop
+it, run the transformers baselines on the same model, then print and write the report."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import resource
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+
+import psutil
+import torch
+import transformers
+from transformers import AutoTokenizer
+
+from bench import report
+from bench.baseline import Baseline
+from bench.grpc_load import LevelResult, run_level, secure_channel
+from bench.metrics import Row
+from bench.server_process import ServerProcess
+from bench.workload import PARAGRAPH, PromptSource
+from engine.loader import _hf_folder, default_model_path
+from tls import DevPKIPaths, write_dev_pki
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+BATCH_SIZE = 16  # the static batch the 16-stream level is compared with
+FULL_LEVELS = (1, 4, 16, 64)
+QUICK_LEVELS = (1, 4)
+FULL_NEW_TOKENS = 64
+QUICK_NEW_TOKENS = 16
+WARM_UP_TOKENS = 4
+MAX_ERRORS_KEPT = 20
+
+Prompts = list[tuple[int, ...]]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    levels = args.levels or (QUICK_LEVELS if args.quick else FULL_LEVELS)
+    new_tokens = args.max_new_tokens or (QUICK_NEW_TOKENS if args.quick else FULL_NEW_TOKENS)
+    if new_tokens < 2:
+        sys.exit("--max-new-tokens must be at least 2 (TPOT needs two tokens)")
+    counts = [max(args.requests_per_stream * streams, args.min_requests) for streams in levels]
+    load_at_start = os.getloadavg()
+    started = time.perf_counter()
+
+    with tempfile.TemporaryDirectory(prefix="switchboard-bench-") as folder:
+        pki = write_dev_pki(Path(folder))
+        print("starting the server (its first start on a machine converts the model, ~30 s)",
+              flush=True)
+        server = ServerProcess(pki.folder, args.server_config)
+        try:
+            server.wait_ready()
+            model = _model_folder()
+            tokenizer = AutoTokenizer.from_pretrained(model)
+            source = PromptSource(tokenizer.encode(PARAGRAPH, add_special_tokens=False),
+                                  args.seed, args.prompt_min, args.prompt_max)
+            warm_up = source.draw(1)
+            level_prompts = {streams: source.draw(count)
+                             for streams, count in zip(levels, counts, strict=True)}
+            batch_prompts = source.draw(BATCH_SIZE)
+            results = asyncio.run(_drive(server, pki, warm_up, level_prompts, new_tokens))
+            server_peak_rss = server.peak_rss_bytes()
+        finally:
+            server.stop()
+
+    # The one-at-a-time baseline runs the prompts of the 1-stream level (else of the first).
+    single_prompts = level_prompts.get(1, level_prompts[levels[0]])
+    one_at_a_time, batch = _baselines(model, tokenizer.eos_token_id, warm_up, single_prompts,
+                                      batch_prompts, new_tokens)
+    baseline_peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+    level_rows = {streams: result.row for streams, result in results.items()}
+    rows = [*level_rows.values(), one_at_a_time, batch]
+    goals = report.targets(level_rows, one_at_a_time, batch, server_peak_rss)
+    errors = [message for result in results.values() for message in result.errors]
+    duration_s = time.perf_counter() - started
+
+    print()
+    print(report.text_table(rows, goals))
+    print(f"\nserver peak RSS {server_peak_rss / report.GIB:.2f} GiB; bench process peak RSS "
+          f"(the baseline) {baseline_peak_rss / report.GIB:.2f} GiB; "
+          f"run took {duration_s / 60:.1f} min")
+    for message in errors[:5]:
+        print(f"error: {message}")
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = args.out / ("quick" if args.quick else "latest")
+    details = {
+        "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "quick": args.quick,
+        "duration_s": duration_s,
+        "machine": _machine(load_at_start),
+        "workload": {"levels": list(levels), "requests": counts, "max_new_tokens": new_tokens,
+                     "ignore_eos": True, "do_sample": False,
+                     "prompt_tokens": [args.prompt_min, args.prompt_max], "seed": args.seed,
+                     "static_batch": BATCH_SIZE},
+        "server_config": args.server_config and json.loads(args.server_config.read_text()),
+        "server_peak_rss_bytes": server_peak_rss,
+        "baseline_peak_rss_bytes": baseline_peak_rss,
+        "errors": errors[:MAX_ERRORS_KEPT],
+    }
+    report.write_json(stem.with_suffix(".json"), rows, goals, details)
+    stem.with_suffix(".md").write_text(report.markdown(rows, goals))
+    report.plot(stem.with_suffix(".png"), level_rows, [one_at_a_time, batch])
+    print(f"wrote {stem}.json, .md and .png")
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("--quick", action="store_true",
+                        help=f"a short smoke run: levels {','.join(map(str, QUICK_LEVELS))}, "
+                             f"{QUICK_NEW_TOKENS} new tokens, results written as quick.* "
+                             "instead of latest.*")
+    parser.add_argument("--levels", type=_levels,
+                        help="comma-separated numbers of concurrent streams "
+                             f"(default: {','.join(map(str, FULL_LEVELS))})")
+    parser.add_argument("--max-new-tokens", type=int,
+                        help=f"tokens generated per request (default: {FULL_NEW_TOKENS})")
+    parser.add_argument("--requests-per-stream", type=int, default=2,
+                        help="a level sends max(this × streams, --min-requests) requests "
+                             "(default: 2)")
+    parser.add_argument("--min-requests", type=int, default=4, help="(default: 4)")
+    parser.add_argument("--prompt-min", type=int, default=32,
+                        help="shortest prompt, in tokens (default: 32)")
+    parser.add_argument("--prompt-max", type=int, default=160,
+                        help="longest prompt, in tokens (default: 160)")
+    parser.add_argument("--seed", type=int, default=1234, help="workload seed (default: 1234)")
+    parser.add_argument("--server-config", type=Path,
+                        help="a config file for the server (MindIE-style JSON keys)")
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR,
+                        help="results folder (default: bench/results)")
+    return parser
+
+
+def _levels(text: str) -> tuple[int, ...]:
+    try:
+        levels = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not a comma-separated list of integers: {text!r}") from None
+    if any(level < 1 for level in levels) or len(set(levels)) != len(levels):
+        raise argparse.ArgumentTypeError("levels must be distinct positive integers")
+    return levels
+
+
+def _model_folder() -> Path:
+    """The Hugging Face folder the server loads: the packaged GGUF's conversion, in the cache
+    folder server/cli.py defaults to (the server has converted it by the time it is ready)."""
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return _hf_folder(default_model_path(), Path(base) / "switchboard")
+
+
+async def _drive(server: ServerProcess, pki: DevPKIPaths, warm_up: Prompts,
+                 level_prompts: dict[int, Prompts], new_tokens: int) -> dict[int, LevelResult]:
+    results: dict[int, LevelResult] = {}
+    async with secure_channel(server.address, pki.ca_cert, pki.client_cert,
+                              pki.client_key) as channel:
+        await run_level(channel, server.model_name, "warm-up", 1, warm_up, WARM_UP_TOKENS,
+                        server.cpu_seconds)
+        for streams, prompts in level_prompts.items():
+            name = f"switchboard, {streams} stream{'s' if streams > 1 else ''}"
+            print(f"{name}: {len(prompts)} requests of {new_tokens} tokens", flush=True)
+            result = results[streams] = await run_level(
+                channel, server.model_name, name, streams, prompts, new_tokens, server.cpu_seconds)
+            print(f"  {result.row.tokens_per_s:.1f} tokens/s, {result.row.errors} errors",
+                  flush=True)
+    return results
+
+
+def _baselines(model: Path, eos_token_id: int, warm_up: Prompts, single_prompts: Prompts,
+               batch_prompts: Prompts, new_tokens: int) -> tuple[Row, Row]:
+    print(f"transformers: {len(single_prompts)} prompts one at a time, then a static batch of "
+          f"{len(batch_prompts)}", flush=True)
+    baseline = Baseline(model, eos_token_id)
+    baseline.warm_up(warm_up[0], WARM_UP_TOKENS)
+    return (baseline.one_at_a_time(single_prompts, new_tokens),
+            baseline.static_batch(batch_prompts, new_tokens))
+
+
+def _machine(load_at_start: tuple[float, float, float]) -> dict[str, object]:
+    return {"cpu_count": os.cpu_count(), "physical_cores": psutil.cpu_count(logical=False),
+            "platform": platform.platform(), "python": platform.python_version(),
+            "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+            "transformers": transformers.__version__,
+            # Other work on the machine skews every figure: its 1, 5 and 15 minute loads.
+            "load_average_at_start": list(load_at_start)}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,64 @@
+"""The baseline: plain transformers `generate` on the same converted model, in this process
+(run after the server has stopped, so the two never share the CPU). `min_new_tokens` equal to
+`max_new_tokens` makes it generate exactly as many tokens as the server does with ignore_eos."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, PreTrainedModel
+
+from bench.metrics import Row, make_row
+
+
+class Baseline:
+    def __init__(self, folder: Path, eos_token_id: int) -> None:
+        self.model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(
+            folder, dtype=torch.float32).eval()
+        self.eos = eos_token_id
+
+    def warm_up(self, prompt: tuple[int, ...], new_tokens: int) -> None:
+        self._generate([prompt], new_tokens)
+
+    def one_at_a_time(self, prompts: Sequence[tuple[int, ...]], max_new_tokens: int) -> Row:
+        """Each prompt alone. TTFT: a generate of one token; TPOT: the rest of a full
+        generate's time, per remaining token."""
+        ttfts: list[float] = []
+        tpots: list[float] = []
+        tokens = 0
+        wall_s = cpu_s = 0.0
+        for prompt in prompts:
+            ttft, _, _ = self._generate([prompt], 1)
+            elapsed, cpu, generated = self._generate([prompt], max_new_tokens)
+            ttfts.append(ttft)
+            tpots.append((elapsed - ttft) / (max_new_tokens - 1))
+            tokens += generated
+            wall_s += elapsed
+            cpu_s += cpu
+        return make_row("transformers, one at a time", 1, len(prompts), 0, tokens, wall_s, cpu_s,
+                        ttfts, tpots)
+
+    def static_batch(self, prompts: Sequence[tuple[int, ...]], max_new_tokens: int) -> Row:
+        """All prompts in one left-padded batch; TTFT and TPOT as for one at a time."""
+        ttft, _, _ = self._generate(prompts, 1)
+        elapsed, cpu_s, tokens = self._generate(prompts, max_new_tokens)
+        return make_row(f"transformers, static batch of {len(prompts)}", len(prompts),
+                        len(prompts), 0, tokens, elapsed, cpu_s, [ttft],
+                        [(elapsed - ttft) / (max_new_tokens - 1)])
+
+    def _generate(self, prompts: Sequence[tuple[int, ...]],
+                  new_tokens: int) -> tuple[float, float, int]:
+        """Greedy generation of exactly `new_tokens` per prompt: (wall s, CPU s, tokens)."""
+        width = max(len(prompt) for prompt in prompts)
+        input_ids = torch.tensor([[self.eos] * (width - len(p)) + list(p) for p in prompts])
+        attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+        cpu_start, start = time.process_time(), time.perf_counter()
+        with torch.inference_mode():
+            output = self.model.generate(input_ids=input_ids, attention_mask=attention_mask,
+                                         do_sample=False, max_new_tokens=new_tokens,
+                                         min_new_tokens=new_tokens, pad_token_id=self.eos)
+        elapsed = time.perf_counter() - start
+        return elapsed, time.process_time() - cpu_start, (output.shape[1] - width) * len(prompts)
