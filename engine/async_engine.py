@@ -89,7 +89,7 @@ class AsyncEngine:
         block_manager = BlockManager(num_blocks, config.block_size,
                                      enable_prefix_caching=config.enable_prefix_caching)
         scheduler = Scheduler(block_manager, max_running=config.max_batch_size,
-                              max_batched_tokens=config.max_batched_tokens,
+                              max_batched_tokens=config.step_token_budget(loaded.device.type),
                               max_prefill_tokens=config.max_prefill_tokens)
         core = EngineCore(runner, loaded.tokenizer, loaded.eos_token_ids, scheduler)
         limits = EngineLimits.from_config(config, vocab_size=loaded.vocab_size,

@@ -2,8 +2,9 @@
 
 Scheduling is by token counts, not by phase: each running request asks for the tokens it
 has not computed yet (a whole prompt, the rest of a prompt, or one token when decoding),
-within a per-step budget; chunked prefill falls out of that arithmetic. Running requests
-go first, highest priority first, so a long prompt cannot stall streams that are decoding.
+within a per-step budget; chunked prefill falls out of that arithmetic. Decoding requests
+get their token first, then running prefills and then waiting requests share what is left,
+highest priority first, so a long prompt never stalls streams that are decoding.
 When the KV pool runs out, the lowest-priority, latest request is preempted: its blocks
 are freed and it waits to be recomputed.
 """
@@ -30,6 +31,11 @@ class ScheduledChunk:
     def samples(self) -> bool:
         """The chunk reaches the request's last token, so its logits give the next one."""
         return self.start + self.num_tokens == self.request.num_tokens
+
+
+def _is_decoding(request: Request) -> bool:
+    """Only its newest token is uncomputed (a prompt's last token is still prefill)."""
+    return bool(request.output_token_ids) and request.num_uncomputed_tokens == 1
 
 
 class Scheduler:
@@ -67,7 +73,10 @@ class Scheduler:
         prefill_budget = self._max_prefill_tokens
         chunks: dict[Request, ScheduledChunk] = {}
         preempted = False
-        for request in sorted(self.running, key=lambda r: r.sort_key):
+        by_priority = sorted(self.running, key=lambda r: r.sort_key)
+        decoding_first = [r for r in by_priority if _is_decoding(r)] \
+            + [r for r in by_priority if not _is_decoding(r)]
+        for request in decoding_first:
             if request.status is not RequestStatus.RUNNING:
                 continue
             num_tokens = self._chunk_size(request, budget, prefill_budget)
@@ -97,9 +106,8 @@ class Scheduler:
         while self._waiting and budget > 0 and len(self.running) < self._max_running:
             request = self._waiting[0][1]
             if not request.block_table.block_ids:
-                cached = self.block_manager.reuse_prefix(request.block_table, request.all_token_ids)
-                request.num_computed_tokens = cached
-                request.num_cached_tokens = max(request.num_cached_tokens, cached)
+                request.num_computed_tokens = self.block_manager.reuse_prefix(
+                    request.block_table, request.all_token_ids)
             num_tokens = self._chunk_size(request, budget, prefill_budget)
             if num_tokens == 0 or not self.block_manager.allocate(
                     request.block_table, request.num_computed_tokens + num_tokens):
@@ -110,20 +118,22 @@ class Scheduler:
             request.status = RequestStatus.RUNNING
             if request.first_scheduled_time is None:
                 request.first_scheduled_time = time.monotonic()
+                request.num_cached_tokens = min(request.num_computed_tokens,
+                                                len(request.spec.prompt_token_ids))
             self.running.append(request)
             chunks[request] = ScheduledChunk(request, request.num_computed_tokens, num_tokens)
             budget -= num_tokens
             prefill_budget -= self._prefill_tokens(chunks[request])
 
-    def _chunk_size(self, request: Request, budget: int, prefill_budget: int) -> int:
-        remaining = request.num_uncomputed_tokens
-        if remaining > 1:
-            return max(0, min(remaining, budget, prefill_budget))
-        return min(remaining, budget)
+    @staticmethod
+    def _chunk_size(request: Request, budget: int, prefill_budget: int) -> int:
+        if _is_decoding(request):
+            return min(1, budget)
+        return max(0, min(request.num_uncomputed_tokens, budget, prefill_budget))
 
     @staticmethod
     def _prefill_tokens(chunk: ScheduledChunk) -> int:
-        return chunk.num_tokens if chunk.request.num_uncomputed_tokens > 1 else 0
+        return 0 if _is_decoding(chunk.request) else chunk.num_tokens
 
     def _preempt(self, request: Request) -> None:
         self.block_manager.free(request.block_table)
