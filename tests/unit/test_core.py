@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import defaultdict
 
@@ -10,6 +11,7 @@ from fakes import EOS_ID, FakeRunner, ids, make_core, make_request
 
 from engine.core import EngineCore
 from engine.errors import GenerationFailed, RequestTimedOut
+from engine.params import GenerationRequest
 from engine.request import FinishReason, RequestOutput
 
 
@@ -173,3 +175,95 @@ def test_a_model_failure_fails_only_its_request() -> None:
     assert failed.finish_reason is None and failed.is_last
     assert texts(outputs["good"]) == ["x", "y"]
     assert outputs["good"][-1].finish_reason is FinishReason.LENGTH
+
+
+def with_sampling(request: GenerationRequest, **changes: object) -> GenerationRequest:
+    return dataclasses.replace(request, sampling=dataclasses.replace(request.sampling, **changes))
+
+
+@pytest.mark.parametrize(("stop_token_ids", "expected_texts"), [
+    (ids("c"), ["a", "b", ""]),
+    (ids("dc"), ["a", "b", ""]),   # the first of several
+    (ids("a"), [""]),
+])
+def test_a_stop_token_ends_the_request_with_stop(stop_token_ids: tuple[int, ...],
+                                                 expected_texts: list[str]) -> None:
+    core = make_core(FakeRunner(scripts={"p": "abcdef"}))
+    core.add(with_sampling(make_request("r", "p"), stop_token_ids=frozenset(stop_token_ids)))
+    outputs = run(core)["r"]
+    assert texts(outputs) == expected_texts
+    assert outputs[-1].finish_reason is FinishReason.STOP
+    assert outputs[-1].new_token_ids == ids("abcdef"[len(expected_texts) - 1])
+    assert outputs[-1].num_generated_tokens == len(expected_texts)
+
+
+@pytest.mark.parametrize(("ignore_eos", "expected_tokens", "expected_text", "finish"), [
+    (False, "az", "a", FinishReason.EOS),
+    (True, "azbaz", "aba", FinishReason.LENGTH),  # EOS decodes to no text
+])
+def test_ignore_eos_generates_past_eos_up_to_max_new_tokens(
+        ignore_eos: bool, expected_tokens: str, expected_text: str, finish: FinishReason) -> None:
+    core = make_core(FakeRunner(scripts={"p": "azb"}))
+    core.add(with_sampling(make_request("r", "p", max_new_tokens=5), ignore_eos=ignore_eos))
+    outputs = run(core)["r"]
+    assert [token for output in outputs for token in output.new_token_ids] == \
+        list(ids(expected_tokens))
+    assert "".join(texts(outputs)) == expected_text
+    assert outputs[-1].finish_reason is finish
+
+
+@pytest.mark.parametrize(("min_new_tokens", "expected_text", "events"), [
+    (0, "a", 2),
+    (1, "a", 2),
+    (2, "abca", 5),      # the "b" that completes at token 2 is not searched again
+    (5, "abcabca", 8),
+])
+def test_min_new_tokens_delays_a_stop_string(min_new_tokens: int, expected_text: str,
+                                             events: int) -> None:
+    core = make_core(FakeRunner(scripts={"p": "abc"}))
+    core.add(with_sampling(make_request("r", "p", max_new_tokens=10, stop=("b",)),
+                           min_new_tokens=min_new_tokens))
+    outputs = run(core)["r"]
+    assert "".join(texts(outputs)) == expected_text
+    assert len(outputs) == events
+    assert outputs[-1].finish_reason is FinishReason.STOP
+
+
+def test_every_token_event_carries_consistent_timings() -> None:
+    core = make_core(max_running=2)
+    core.add(make_request("long", "a", max_new_tokens=4))
+    core.add(make_request("short", "b", max_new_tokens=2))
+    core.add(make_request("late", "c", max_new_tokens=2))  # waits for a free slot
+    outputs = run(core)
+    for events in outputs.values():
+        timings = [output.timings for output in events]
+        assert all(timing is not None for timing in timings)
+        assert len({(timing.queue_wait, timing.first_token) for timing in timings}) == 1
+        assert 0 <= timings[0].queue_wait <= timings[0].first_token
+        step_times = [timing.step_time for timing in timings]
+        assert step_times == sorted(step_times)
+    assert [output.timings.batch_size for output in outputs["long"]] == [2, 2, 2, 2]
+    assert [output.timings.batch_size for output in outputs["short"]] == [2, 2]
+    assert [output.timings.batch_size for output in outputs["late"]] == [2, 2]
+    assert outputs["late"][0].timings.queue_wait >= outputs["long"][0].timings.queue_wait
+    assert outputs["late"][0].timings.step_time > outputs["short"][-1].timings.step_time
+
+
+@pytest.mark.parametrize("arrangement", ["failing-first", "failing-second", "other-decoding"])
+def test_a_failure_in_a_shared_step_fails_only_its_request(arrangement: str) -> None:
+    runner = FakeRunner(scripts={"g": "good"}, fail_prefill={"f"})
+    core = make_core(runner, num_blocks=32)
+    bad, good = make_request("bad", "f"), make_request("good", "g", max_new_tokens=4)
+    first, second = (bad, good) if arrangement == "failing-first" else (good, bad)
+    core.add(first)
+    early = core.step() if arrangement == "other-decoding" else []
+    core.add(second)
+    outputs = run(core)
+    [failed] = outputs["bad"]
+    assert isinstance(failed.error, GenerationFailed) and failed.is_last
+    good_outputs = early + outputs["good"]
+    assert texts(good_outputs) == ["g", "o", "o", "d"]
+    assert [output.num_generated_tokens for output in good_outputs] == [1, 2, 3, 4]
+    assert good_outputs[-1].finish_reason is FinishReason.LENGTH
+    assert runner.calls.count(("prefill", "f")) == 2  # in the shared batch, then alone
+    assert core.scheduler.block_manager.num_free_blocks == 32

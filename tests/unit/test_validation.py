@@ -235,3 +235,109 @@ def test_watermark_false_is_accepted() -> None:
 def test_compatibility_parameters_are_accepted_and_change_nothing() -> None:
     request = build({"details": True, "perf_stat": False, "batch_size": 4, "seed": 9})
     assert request == build({"seed": 9})
+
+
+def test_newer_parameters_default_to_changing_nothing() -> None:
+    sampling = build().sampling
+    assert (sampling.presence_penalty, sampling.frequency_penalty, sampling.min_new_tokens,
+            sampling.ignore_eos, sampling.stop_token_ids, sampling.logprobs) == \
+        (0.0, 0.0, 0, False, frozenset(), None)
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("presence_penalty", -2.0),
+    ("presence_penalty", 2),
+    ("presence_penalty", 0.5),
+    ("frequency_penalty", -2),
+    ("frequency_penalty", 2.0),
+    ("frequency_penalty", -0.25),
+    ("min_new_tokens", 0),
+    ("min_new_tokens", 5),
+    ("min_new_tokens", INT32_MAX),
+    ("ignore_eos", True),
+    ("ignore_eos", False),
+])
+def test_new_parameters_accept_their_range_edges(name: str, value: object) -> None:
+    assert getattr(build({name: value}).sampling, name) == value
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("presence_penalty", -2.01),
+    ("presence_penalty", 2.5),
+    ("frequency_penalty", -3),
+    ("frequency_penalty", 2.0001),
+    ("min_new_tokens", -1),
+    ("min_new_tokens", INT32_MAX + 1),
+    ("top_logprobs", -1),
+    ("top_logprobs", 21),
+])
+def test_new_parameters_outside_their_range_are_rejected(name: str, value: object) -> None:
+    error = rejection({name: value})
+    assert error.field == name
+    assert "must be in" in error.reason
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("presence_penalty", "0.5"),
+    ("presence_penalty", True),
+    ("frequency_penalty", math.nan),
+    ("min_new_tokens", 1.5),
+    ("min_new_tokens", False),
+    ("ignore_eos", 1),
+    ("ignore_eos", "true"),
+    ("logprobs", 1),
+    ("logprobs", "yes"),
+    ("top_logprobs", 2.0),
+    ("top_logprobs", True),
+])
+def test_new_parameters_of_the_wrong_type_are_rejected(name: str, value: object) -> None:
+    error = rejection({name: value})
+    assert error.field == name
+    assert repr(value) in error.reason
+
+
+@pytest.mark.parametrize(("stop_token_ids", "expected"), [
+    ([0, 99], frozenset({0, 99})),
+    ((5, 5, 7), frozenset({5, 7})),
+    ([], frozenset()),
+])
+def test_stop_token_ids_accept_a_list_of_vocabulary_ids(stop_token_ids: object,
+                                                        expected: frozenset[int]) -> None:
+    assert build({"stop_token_ids": stop_token_ids}).sampling.stop_token_ids == expected
+
+
+@pytest.mark.parametrize(("stop_token_ids", "reason"), [
+    (5, "must be a list of token ids"),
+    ("5", "must be a list of token ids"),
+    ([1, "2"], "must be a list of token ids"),
+    ([1.0], "must be a list of token ids"),
+    ([True], "must be a list of token ids"),
+    ([1, None], "must be a list of token ids"),
+    ([100], "token id 100 is outside the vocabulary [0, 100)"),
+    ([3, -1], "token id -1 is outside the vocabulary [0, 100)"),
+])
+def test_invalid_stop_token_ids_are_rejected(stop_token_ids: object, reason: str) -> None:
+    error = rejection({"stop_token_ids": stop_token_ids})
+    assert error.field == "stop_token_ids"
+    assert reason in error.reason
+
+
+@pytest.mark.parametrize(("parameters", "expected"), [
+    ({}, None),
+    ({"logprobs": False}, None),
+    ({"logprobs": True}, 0),
+    ({"logprobs": True, "top_logprobs": 0}, 0),
+    ({"logprobs": True, "top_logprobs": 5}, 5),
+    ({"logprobs": True, "top_logprobs": 20}, 20),
+])
+def test_logprobs_and_top_logprobs_set_how_many_alternatives_to_report(
+        parameters: dict[str, object], expected: int | None) -> None:
+    assert build(parameters).sampling.logprobs == expected
+
+
+@pytest.mark.parametrize("parameters", [{"top_logprobs": 3},
+                                        {"logprobs": False, "top_logprobs": 3}])
+def test_top_logprobs_without_logprobs_is_rejected(parameters: dict[str, object]) -> None:
+    error = rejection(parameters)
+    assert error.field == "top_logprobs"
+    assert "logprobs" in error.reason
