@@ -11,7 +11,6 @@ import asyncio
 import dataclasses
 import itertools
 import logging
-import os
 import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -29,16 +28,6 @@ from engine.params import GenerationRequest
 from engine.request import RequestOutput
 
 logger = logging.getLogger(__name__)
-
-
-def default_num_threads() -> int:
-    """One core fewer than the process may use, at least one.
-
-    The engine shares the machine with the server's event loop (and often a client): an
-    OpenMP team as wide as the machine then waits, at every parallel op, for a worker the OS
-    has descheduled, and a decode step slows down several times over.
-    """
-    return max(1, len(os.sched_getaffinity(0)) - 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,7 +161,8 @@ class AsyncEngine:
             self._wakeup.notify()
 
     def _run(self) -> None:
-        torch.set_num_threads(self._num_threads or default_num_threads())
+        if self._num_threads:
+            torch.set_num_threads(self._num_threads)
         try:
             while True:
                 with self._wakeup:

@@ -86,10 +86,12 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
     """q [T, H, D], k/v [T, Hkv, D]; caches [slots, Hkv, D]. Returns [T, H*D]."""
     k_cache.index_copy_(0, batch.write_slots, k)
     v_cache.index_copy_(0, batch.write_slots, v)
-    queries = q[batch.query_index].transpose(1, 2)              # [B, H, Qmax, D]
+    # A pure decode step (one query per sequence) needs no padding: the flat tokens are the rows.
+    decode_only = batch.query_index.shape[1] == 1
+    queries = (q.unsqueeze(1) if decode_only else q[batch.query_index]).transpose(1, 2)
     keys = k_cache[batch.context_slots].transpose(1, 2)         # [B, Hkv, Lmax, D]
     values = v_cache[batch.context_slots].transpose(1, 2)
     out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=batch.mask,
-                                         enable_gqa=True)
+                                         enable_gqa=True)           # [B, H, Qmax, D]
     out = out.transpose(1, 2).reshape(-1, q.shape[1] * q.shape[2])  # [B*Qmax, H*D]
-    return out[batch.unpad_index]
+    return out if decode_only else out[batch.unpad_index]

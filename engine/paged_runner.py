@@ -4,6 +4,11 @@ The Llama family (Llama, Mistral, Qwen2; SmolLM2 is Llama) is computed here from
 transformers model's own modules and weights, with the Q/K/V and gate/up projections fused
 into one matmul each. All scheduled tokens of all requests travel as one flat sequence;
 attention is one call per layer for the whole batch (see `attention.py`).
+
+Projection weights are stored transposed ([in, out]): on CPU, MKL streams that layout at
+about twice the bandwidth of nn.Linear's [out, in] when a step has one or two rows
+(measured 30 vs 15 GB/s for the 113 MB LM head), and at the same speed for larger batches.
+A tied LM head also serves the embedding lookup, by columns, so it is stored once.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
 
@@ -35,14 +41,46 @@ class SequenceChunk:
     samples: bool
 
 
+class Projection:
+    """y = x @ weight_t (+ bias), with weight_t of shape [in, out]."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        self.weight_t = weight.t().contiguous()
+        self.bias = bias
+
+    @classmethod
+    def concat(cls, *linears: nn.Linear) -> Projection:
+        """Several projections of the same input as one matmul (outputs side by side)."""
+        weight = torch.cat([linear.weight.detach() for linear in linears])
+        biases = [linear.bias for linear in linears]
+        bias = torch.cat([b.detach() for b in biases]) if biases[0] is not None else None
+        return cls(weight, bias)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.bias is None:
+            return x @ self.weight_t
+        return torch.addmm(self.bias, x, self.weight_t)
+
+
+class RMSNorm:
+    """The model's RMSNorm as one fused op (transformers' module runs about seven)."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self.weight = module.weight.detach()
+        self.eps = module.variance_epsilon
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+
+
 @dataclass(frozen=True, slots=True)
 class _Layer:
-    input_norm: nn.Module
-    qkv: nn.Linear
-    o_proj: nn.Linear
-    post_norm: nn.Module
-    gate_up: nn.Linear
-    down: nn.Linear
+    input_norm: RMSNorm
+    qkv: Projection
+    o_proj: Projection
+    post_norm: RMSNorm
+    gate_up: Projection
+    down: Projection
     act: nn.Module
 
 
@@ -66,12 +104,14 @@ class PagedRunner:
         self._num_heads = config.num_attention_heads
         self._num_kv_heads = config.num_key_value_heads
         self._head_dim = getattr(config, "head_dim", None) or config.hidden_size // self._num_heads
-        self._embed = model.model.embed_tokens
+        dtype = model.lm_head.weight.dtype
+        tied = model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+        self._lm_head = Projection.concat(model.lm_head)
+        self._embedding = None if tied else model.model.embed_tokens
+        del model.lm_head, model.model.embed_tokens
         self._rotary = model.model.rotary_emb
-        self._final_norm = model.model.norm
-        self._lm_head = model.lm_head
+        self._final_norm = RMSNorm(model.model.norm)
         self._layers = [self._fuse(layer) for layer in model.model.layers]
-        dtype = self._embed.weight.dtype
         shape = (len(self._layers), num_blocks * block_size, self._num_kv_heads, self._head_dim)
         # torch.empty: pages become resident only as blocks are first written.
         self._k_cache = torch.empty(shape, dtype=dtype, device=device)
@@ -79,23 +119,28 @@ class PagedRunner:
 
     @staticmethod
     def _fuse(layer: nn.Module) -> _Layer:
-        """Fuse a layer's projections; the originals are dropped from the model (the runner
-        owns it) so their weights are not held twice."""
+        """Fuse and transpose a layer's projections; the originals are dropped from the model
+        (the runner owns it) so their weights are not held twice."""
         attention, mlp = layer.self_attn, layer.mlp
         fused = _Layer(
-            input_norm=layer.input_layernorm,
-            qkv=_concat_linear(attention.q_proj, attention.k_proj, attention.v_proj),
-            o_proj=attention.o_proj,
-            post_norm=layer.post_attention_layernorm,
-            gate_up=_concat_linear(mlp.gate_proj, mlp.up_proj),
-            down=mlp.down_proj,
+            input_norm=RMSNorm(layer.input_layernorm),
+            qkv=Projection.concat(attention.q_proj, attention.k_proj, attention.v_proj),
+            o_proj=Projection.concat(attention.o_proj),
+            post_norm=RMSNorm(layer.post_attention_layernorm),
+            gate_up=Projection.concat(mlp.gate_proj, mlp.up_proj),
+            down=Projection.concat(mlp.down_proj),
             act=mlp.act_fn,
         )
-        for module, names in ((attention, ("q_proj", "k_proj", "v_proj")),
-                              (mlp, ("gate_proj", "up_proj"))):
+        for module, names in ((attention, ("q_proj", "k_proj", "v_proj", "o_proj")),
+                              (mlp, ("gate_proj", "up_proj", "down_proj"))):
             for name in names:
                 delattr(module, name)
         return fused
+
+    def _embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        if self._embedding is not None:
+            return self._embedding(token_ids)
+        return self._lm_head.weight_t.index_select(1, token_ids).t()
 
     @torch.inference_mode()
     def execute(self, chunks: Sequence[SequenceChunk]) -> torch.Tensor:
@@ -105,32 +150,19 @@ class PagedRunner:
         hidden = self._embed(batch.token_ids)
         cos, sin = self._rotary(hidden, batch.positions.unsqueeze(0))
         cos, sin = cos[0].unsqueeze(1), sin[0].unsqueeze(1)
-        q_size = self._num_heads * self._head_dim
-        kv_size = self._num_kv_heads * self._head_dim
+        num_qk_heads = self._num_heads + self._num_kv_heads
         for index, layer in enumerate(self._layers):
-            qkv = layer.qkv(layer.input_norm(hidden))
-            q, k, v = qkv.split((q_size, kv_size, kv_size), dim=-1)
-            q = _rotate(q.view(-1, self._num_heads, self._head_dim), cos, sin)
-            k = _rotate(k.view(-1, self._num_kv_heads, self._head_dim), cos, sin)
-            v = v.view(-1, self._num_kv_heads, self._head_dim)
+            qkv = layer.qkv(layer.input_norm(hidden)).view(-1, num_qk_heads + self._num_kv_heads,
+                                                           self._head_dim)
+            qk = _rotate(qkv[:, :num_qk_heads], cos, sin)
+            q, k = qk.split((self._num_heads, self._num_kv_heads), dim=1)
+            v = qkv[:, num_qk_heads:]
             attended = paged_attention(q, k, v, self._k_cache[index], self._v_cache[index], batch)
             hidden = hidden + layer.o_proj(attended)
             gate, up = layer.gate_up(layer.post_norm(hidden)).chunk(2, dim=-1)
             hidden = hidden + layer.down(layer.act(gate) * up)
         last = self._final_norm(hidden[batch.sample_index])
         return self._lm_head(last).float().cpu()
-
-
-def _concat_linear(*linears: nn.Linear) -> nn.Linear:
-    weight = torch.cat([linear.weight for linear in linears])
-    has_bias = linears[0].bias is not None
-    fused = nn.Linear(weight.shape[1], weight.shape[0], bias=has_bias, device=weight.device,
-                      dtype=weight.dtype)
-    with torch.no_grad():
-        fused.weight.copy_(weight)
-        if has_bias:
-            fused.bias.copy_(torch.cat([linear.bias for linear in linears]))
-    return fused
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
