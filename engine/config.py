@@ -18,11 +18,11 @@ class EngineConfig:
     model: a Hugging Face folder or a .gguf file; None means the packaged SmolLM2.
     cache_dir: where a GGUF file's one-time conversion to a Hugging Face folder is kept
     (parsing GGUF metadata takes ~20 s on a small CPU; the converted folder loads in ~1 s).
-    max_batched_tokens: tokens computed per engine step, decode and prefill together: a long
-    prompt is prefilled in chunks of this size while running streams keep decoding. 0 picks
-    by device (see `step_token_budget`): small on CPU, where a step's time grows with its
-    tokens and a big prefill chunk would stall every decoding stream.
-    max_prefill_tokens (MindIE's maxPrefillTokens) caps the prompt tokens within one step.
+    max_batched_tokens: prompt tokens computed per engine step, besides one token for each
+    decoding request: a long prompt is prefilled in chunks of this size while running streams
+    keep decoding. 0 picks by device (see `step_token_budget`): small on CPU, where a step's
+    time grows with its tokens and a big prefill chunk would slow every decoding stream.
+    max_prefill_tokens (MindIE's maxPrefillTokens) caps it too.
     The KV cache pool holds num_kv_blocks blocks of block_size tokens (MindIE's
     cacheBlockSize); num_kv_blocks 0 sizes the pool from kv_cache_mib.
     num_threads: torch's intra-op threads for the engine's thread; 0 keeps torch's default
@@ -44,13 +44,13 @@ class EngineConfig:
     max_batched_tokens: int = 0
     block_size: int = 16
     num_kv_blocks: int = 0
-    kv_cache_mib: int = 768
+    kv_cache_mib: int = 512
     enable_prefix_caching: bool = True
     num_threads: int = 0
 
     def step_token_budget(self, device_type: str) -> int:
-        """Tokens per step: on CPU 64 keeps a step with a prefill chunk within about twice a
-        decode-only step of 16 streams; accelerators prefill big chunks almost for free."""
+        """Prompt tokens per step: on CPU 64 keeps a step with a prefill chunk within about
+        twice a decode-only step of 16 streams; accelerators prefill big chunks almost free."""
         if self.max_batched_tokens:
             return self.max_batched_tokens
         return CPU_STEP_TOKENS if device_type == "cpu" else ACCELERATOR_STEP_TOKENS

@@ -51,6 +51,9 @@ class Projection:
     @classmethod
     def concat(cls, *linears: nn.Linear) -> Projection:
         """Several projections of the same input as one matmul (outputs side by side)."""
+        if len(linears) == 1:
+            bias = linears[0].bias
+            return cls(linears[0].weight.detach(), None if bias is None else bias.detach())
         weight = torch.cat([linear.weight.detach() for linear in linears])
         biases = [linear.bias for linear in linears]
         bias = torch.cat([b.detach() for b in biases]) if biases[0] is not None else None

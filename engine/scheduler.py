@@ -1,10 +1,11 @@
 """Decides, each step, which requests compute how many tokens.
 
 Scheduling is by token counts, not by phase: each running request asks for the tokens it
-has not computed yet (a whole prompt, the rest of a prompt, or one token when decoding),
-within a per-step budget; chunked prefill falls out of that arithmetic. Decoding requests
-get their token first, then running prefills and then waiting requests share what is left,
-highest priority first, so a long prompt never stalls streams that are decoding.
+has not computed yet (a whole prompt, the rest of a prompt, or one token when decoding).
+Every decoding request gets its token each step; prompt tokens (of running prefills, then
+of waiting requests, highest priority first) share a per-step budget, so chunked prefill
+falls out of the arithmetic, a long prompt never stalls decoding streams, and decoding
+streams never keep new requests from starting.
 When the KV pool runs out, the lowest-priority, latest request is preempted: its blocks
 are freed and it waits to be recomputed.
 """
@@ -69,8 +70,7 @@ class Scheduler:
             heapq.heapify(self._waiting)
 
     def schedule(self) -> list[ScheduledChunk]:
-        budget = self._max_batched_tokens
-        prefill_budget = self._max_prefill_tokens
+        budget = min(self._max_batched_tokens, self._max_prefill_tokens)
         chunks: dict[Request, ScheduledChunk] = {}
         preempted = False
         by_priority = sorted(self.running, key=lambda r: r.sort_key)
@@ -79,7 +79,7 @@ class Scheduler:
         for request in decoding_first:
             if request.status is not RequestStatus.RUNNING:
                 continue
-            num_tokens = self._chunk_size(request, budget, prefill_budget)
+            num_tokens = self._chunk_size(request, budget)
             if num_tokens == 0:
                 continue
             while not self.block_manager.allocate(request.block_table,
@@ -88,27 +88,24 @@ class Scheduler:
                 self._preempt(victim)
                 preempted = True
                 if victim in chunks:
-                    budget += chunks[victim].num_tokens
-                    prefill_budget += self._prefill_tokens(chunks.pop(victim))
+                    budget += self._prefill_tokens(chunks.pop(victim))
                 if victim is request:
                     break
             if request.status is RequestStatus.RUNNING:
                 chunks[request] = ScheduledChunk(request, request.num_computed_tokens, num_tokens)
-                budget -= num_tokens
-                prefill_budget -= self._prefill_tokens(chunks[request])
+                budget -= self._prefill_tokens(chunks[request])
         if not preempted:
-            self._admit(chunks, budget, prefill_budget)
+            self._admit(chunks, budget)
         return list(chunks.values())
 
-    def _admit(self, chunks: dict[Request, ScheduledChunk], budget: int, prefill_budget: int
-               ) -> None:
+    def _admit(self, chunks: dict[Request, ScheduledChunk], budget: int) -> None:
         """Start waiting requests, best priority first, while budget, slots and blocks last."""
         while self._waiting and budget > 0 and len(self.running) < self._max_running:
             request = self._waiting[0][1]
             if not request.block_table.block_ids:
                 request.num_computed_tokens = self.block_manager.reuse_prefix(
                     request.block_table, request.all_token_ids)
-            num_tokens = self._chunk_size(request, budget, prefill_budget)
+            num_tokens = self._chunk_size(request, budget)
             if num_tokens == 0 or not self.block_manager.allocate(
                     request.block_table, request.num_computed_tokens + num_tokens):
                 self.block_manager.free(request.block_table)
@@ -122,14 +119,13 @@ class Scheduler:
                                                 len(request.spec.prompt_token_ids))
             self.running.append(request)
             chunks[request] = ScheduledChunk(request, request.num_computed_tokens, num_tokens)
-            budget -= num_tokens
-            prefill_budget -= self._prefill_tokens(chunks[request])
+            budget -= self._prefill_tokens(chunks[request])
 
     @staticmethod
-    def _chunk_size(request: Request, budget: int, prefill_budget: int) -> int:
+    def _chunk_size(request: Request, prefill_budget: int) -> int:
         if _is_decoding(request):
-            return min(1, budget)
-        return max(0, min(request.num_uncomputed_tokens, budget, prefill_budget))
+            return 1
+        return max(0, min(request.num_uncomputed_tokens, prefill_budget))
 
     @staticmethod
     def _prefill_tokens(chunk: ScheduledChunk) -> int:
