@@ -21,6 +21,7 @@ from engine.block_manager import BlockManager
 from engine.config import EngineConfig, EngineLimits
 from engine.core import EngineCore, EngineStats
 from engine.errors import EngineDead, InvalidRequest, Overloaded
+from engine.fanout import generate_many
 from engine.loader import LoadedModel, load_model
 from engine.paged_runner import PagedRunner, kv_bytes_per_token
 from engine.scheduler import Scheduler
@@ -118,12 +119,18 @@ class AsyncEngine:
     def decode(self, token_ids: list[int]) -> str:
         return self._tokenizer.decode(token_ids, skip_special_tokens=True)
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[RequestOutput]:
-        """Events for one request, the last one with finish_reason set.
+    def generate(self, request: GenerationRequest) -> AsyncIterator[RequestOutput]:
+        """Events for one request, the last one (of each of its n sequences, told apart by
+        `index`) with finish_reason set.
 
         Raises the request's EngineError (timeout, failure) in place of a last event. Leaving
         the iteration early (cancellation, closing) aborts the request.
         """
+        if request.sampling.best_of > 1:
+            return generate_many(self._generate_one, request)
+        return self._generate_one(request)
+
+    async def _generate_one(self, request: GenerationRequest) -> AsyncIterator[RequestOutput]:
         if not self.is_healthy:
             raise EngineDead("the engine is not running")
         if request.request_id in self._internal_ids:
@@ -151,9 +158,10 @@ class AsyncEngine:
                 self._submit(lambda core: core.abort(internal_id))
 
     def abort(self, request_id: str) -> None:
-        internal_id = self._internal_ids.get(request_id)
-        if internal_id is not None:
-            self._submit(lambda core: core.abort(internal_id))
+        """Abort a request, and the sequences of an n / best_of request."""
+        for caller_id, internal_id in list(self._internal_ids.items()):
+            if caller_id == request_id or caller_id.startswith(f"{request_id}/"):
+                self._submit(lambda core, internal_id=internal_id: core.abort(internal_id))
 
     def _submit(self, command: Callable[[EngineCore], None]) -> None:
         with self._wakeup:

@@ -18,6 +18,7 @@ class SamplingParams:
     penalty (CTRL's) to prompt and generated tokens. Before min_new_tokens are generated,
     neither EOS nor a stop token nor a stop string ends the request. logprobs: None for none,
     else report each chosen token's log-probability and this many top alternatives.
+    n sequences are returned, the best of best_of generated (see engine/fanout.py).
     """
 
     do_sample: bool
@@ -35,6 +36,8 @@ class SamplingParams:
     ignore_eos: bool = False
     min_new_tokens: int = 0
     logprobs: int | None = None
+    n: int = 1
+    best_of: int = 1
 
 
 @dataclass(frozen=True, slots=True)

@@ -68,6 +68,7 @@ class RequestOutput:
     """One step's news for one request: new tokens and the text they completed.
 
     The last event of a request has `finish_reason` set, or `error` when it ended badly.
+    `index` tells the sequences of an n > 1 request apart.
     """
 
     request_id: str
@@ -81,6 +82,7 @@ class RequestOutput:
     logprobs: tuple[TokenLogprob, ...] = ()
     num_cached_tokens: int = 0
     timings: RequestTimings | None = None
+    index: int = 0
 
     @property
     def is_last(self) -> bool:

@@ -21,6 +21,7 @@ MAX_STOP_SEQUENCES = 16
 DEFAULT_MAX_NEW_TOKENS = 20
 MAX_TIMEOUT_S = 3600.0
 MAX_TOP_LOGPROBS = 20
+MAX_SEQUENCES = 128
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +64,8 @@ INT_RANGES: dict[str, Interval] = {
     "priority": Interval(1, 5),
     "min_new_tokens": Interval(0, INT32_MAX),
     "top_logprobs": Interval(0, MAX_TOP_LOGPROBS),
+    "n": Interval(1, MAX_SEQUENCES),
+    "best_of": Interval(1, MAX_SEQUENCES),
 }
 BOOL_PARAMS = ("do_sample", "watermark", "ignore_eos", "logprobs")
 # Accepted for compatibility with MindIE's text interface; they change nothing in generation.
@@ -91,11 +94,18 @@ def build_request(request_id: str, prompt_token_ids: Sequence[int],
     bools = {name: _bool(parameters, name) for name in BOOL_PARAMS}
     if ints["top_logprobs"] and not bools["logprobs"]:
         raise InvalidRequest("top_logprobs", "needs logprobs set to true")
+    n = ints["n"] or 1
+    best_of = ints["best_of"] or n
+    if best_of < n:
+        raise InvalidRequest("best_of", f"must be at least n ({n}); got {best_of}")
     if bools["watermark"]:
         raise InvalidRequest("watermark", "watermarking is not supported")
     do_sample = bools["do_sample"]
     if do_sample is None:
         do_sample = any(name in parameters for name in SAMPLING_HINTS)
+    if best_of > n and not do_sample:
+        raise InvalidRequest("best_of", "choosing the best of several sequences needs sampling "
+                             "(do_sample)")
     requested = ints["max_new_tokens"] or DEFAULT_MAX_NEW_TOKENS
     sampling = SamplingParams(
         do_sample=do_sample,
@@ -113,6 +123,8 @@ def build_request(request_id: str, prompt_token_ids: Sequence[int],
         ignore_eos=bool(bools["ignore_eos"]),
         min_new_tokens=ints["min_new_tokens"] or 0,
         logprobs=(ints["top_logprobs"] or 0) if bools["logprobs"] else None,
+        n=n,
+        best_of=best_of,
     )
     return GenerationRequest(
         request_id=request_id,

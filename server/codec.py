@@ -32,6 +32,7 @@ MICROSECONDS = 1_000_000
 # Parameters that take several values: sent as a JSON array in a string_param.
 LIST_PARAMETERS = ("stop", "stop_token_ids")
 UNCARRIED_PARAMETERS = frozenset({"logprobs", "top_logprobs"})
+SINGLE_SEQUENCE_PARAMETERS = frozenset({"n", "best_of"})
 
 
 class InputKind(enum.Enum):
@@ -117,6 +118,10 @@ def parameters_from_pb(parameters: Mapping[str, pb.InferParameter]) -> dict[str,
     for name in UNCARRIED_PARAMETERS & values.keys():
         raise InvalidRequest(name, "is not available over KServe v2 gRPC: its responses have no "
                              "place for log-probabilities")
+    for name in SINGLE_SEQUENCE_PARAMETERS & values.keys():
+        if values[name] != 1:
+            raise InvalidRequest(name, "only 1 is available over KServe v2 gRPC: its responses "
+                                 "carry one sequence")
     for name in LIST_PARAMETERS:
         if isinstance(values.get(name), str) and values[name].startswith("["):
             values[name] = _json_list(name, values[name])

@@ -332,3 +332,11 @@ def test_logprob_parameters_are_refused_over_grpc(name: str) -> None:
     with pytest.raises(InvalidRequest) as caught:
         pb_parameters(**{name: True if name == "logprobs" else 3})
     assert caught.value.field == name
+
+
+@pytest.mark.parametrize("name", ["n", "best_of"])
+def test_several_sequences_are_refused_over_grpc(name: str) -> None:
+    assert pb_parameters(**{name: 1}) == {name: 1}
+    with pytest.raises(InvalidRequest) as caught:
+        pb_parameters(**{name: 2})
+    assert caught.value.field == name

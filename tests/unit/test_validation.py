@@ -130,10 +130,10 @@ def test_values_of_the_wrong_type_are_rejected_naming_the_parameter(name: str,
 
 
 def test_unknown_parameter_is_rejected_naming_it() -> None:
-    error = rejection({"temperature": 0.5, "best_of": 2})
-    assert error.field == "best_of"
+    error = rejection({"temperature": 0.5, "beam_width": 2})
+    assert error.field == "beam_width"
     assert "unknown parameter" in error.reason
-    assert "best_of" in error.message
+    assert "beam_width" in error.message
 
 
 @pytest.mark.parametrize("hint", [{"temperature": 0.7}, {"top_k": 5}, {"top_p": 0.9},

@@ -1,0 +1,83 @@
+"""n and best_of: several sequences for one request, run as independent child requests.
+
+Child i samples with seed + i (child 0 with the request's own seed, so n = 1 is the plain
+request). With best_of > n every child is generated to the end, and the n with the highest
+cumulative log-probability are returned, ranked, as TGI and vLLM do; with best_of == n the
+children's events stream as they come, each carrying its `index`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+from collections import defaultdict
+from collections.abc import AsyncIterator, Callable
+
+from engine.params import GenerationRequest
+from engine.request import RequestOutput
+from engine.validation import UINT64_MAX
+
+GenerateOne = Callable[[GenerationRequest], AsyncIterator[RequestOutput]]
+
+
+async def generate_many(generate_one: GenerateOne, request: GenerationRequest
+                        ) -> AsyncIterator[RequestOutput]:
+    sampling = request.sampling
+    ranked = sampling.best_of > sampling.n
+    children = [_child(request, index, ranked) for index in range(sampling.best_of)]
+    inbox: asyncio.Queue[tuple[int, RequestOutput | Exception | None]] = asyncio.Queue()
+
+    async def pump(index: int, child: GenerationRequest) -> None:
+        try:
+            async with contextlib.aclosing(generate_one(child)) as events:
+                async for event in events:
+                    inbox.put_nowait((index, event))
+        except Exception as error:
+            inbox.put_nowait((index, error))
+        else:
+            inbox.put_nowait((index, None))
+
+    tasks = [asyncio.create_task(pump(index, child)) for index, child in enumerate(children)]
+    kept: dict[int, list[RequestOutput]] = defaultdict(list)
+    try:
+        remaining = len(children)
+        while remaining:
+            index, item = await inbox.get()
+            if isinstance(item, Exception):
+                raise item
+            if item is None:
+                remaining -= 1
+            elif ranked:
+                kept[index].append(item)
+            else:
+                yield _relabel(item, request, index)
+        best = sorted(kept, key=lambda index: -_cumulative_logprob(kept[index]))[:sampling.n]
+        for rank, index in enumerate(best):
+            for event in kept[index]:
+                yield _relabel(event, request, rank)
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+def _child(request: GenerationRequest, index: int, ranked: bool) -> GenerationRequest:
+    sampling = request.sampling
+    return dataclasses.replace(
+        request,
+        request_id=f"{request.request_id}/{index}",
+        sampling=dataclasses.replace(
+            sampling, n=1, best_of=1, seed=(sampling.seed - 1 + index) % UINT64_MAX + 1,
+            # Ranking needs each chosen token's log-probability, asked for or not.
+            logprobs=(sampling.logprobs or 0) if ranked else sampling.logprobs),
+    )
+
+
+def _relabel(event: RequestOutput, request: GenerationRequest, index: int) -> RequestOutput:
+    return dataclasses.replace(event, request_id=request.request_id, index=index,
+                               logprobs=event.logprobs if request.sampling.logprobs is not None
+                               else ())
+
+
+def _cumulative_logprob(events: list[RequestOutput]) -> float:
+    return sum(logprob.logprob for event in events for logprob in event.logprobs)

@@ -1,0 +1,100 @@
+"""n and best_of through AsyncEngine: several sequences per request, told apart by index."""
+
+from __future__ import annotations
+
+import contextlib
+from collections import defaultdict
+
+import pytest
+import torch
+from fakes import EOS_ID, VOCAB_SIZE, FakeRunner, make_core
+from test_async_engine import LIMITS, collect, eventually, run_with_engine
+
+from engine.async_engine import AsyncEngine
+from engine.errors import InvalidRequest
+from engine.request import RequestOutput
+from engine.validation import build_request
+
+PROMPT = [0, 1, 2]
+
+
+class SkewedRunner(FakeRunner):
+    """Every position has the same skewed next-token distribution, EOS excluded: seeds give
+    different sequences with different log-probabilities."""
+
+    def execute(self, chunks):
+        super().execute(chunks)
+        logits = torch.linspace(0.0, 3.0, VOCAB_SIZE)
+        logits[EOS_ID] = -torch.inf
+        return logits.expand(sum(chunk.samples for chunk in chunks), VOCAB_SIZE).clone()
+
+
+def request(request_id: str, **parameters: object):
+    defaults = {"do_sample": True, "max_new_tokens": 6, "seed": 11}
+    return build_request(request_id, PROMPT, {**defaults, **parameters}, LIMITS)
+
+
+def by_index(outputs: list[RequestOutput]) -> dict[int, list[RequestOutput]]:
+    sequences: dict[int, list[RequestOutput]] = defaultdict(list)
+    for output in outputs:
+        sequences[output.index].append(output)
+    return sequences
+
+
+def text(events: list[RequestOutput]) -> str:
+    return "".join(event.text for event in events)
+
+
+def test_n_sequences_stream_with_their_index_and_the_first_is_the_plain_request() -> None:
+    async def scenario(engine: AsyncEngine) -> None:
+        outputs = await collect(engine.generate(request("many", n=3)))
+        sequences = by_index(outputs)
+        assert sorted(sequences) == [0, 1, 2]
+        assert all(output.request_id == "many" for output in outputs)
+        for events in sequences.values():
+            assert len(events) == 6 and events[-1].finish_reason is not None
+            assert all(event.finish_reason is None for event in events[:-1])
+        assert len({text(events) for events in sequences.values()}) == 3
+        [plain] = by_index(await collect(engine.generate(request("one")))).values()
+        assert text(plain) == text(sequences[0])
+
+    run_with_engine(scenario, make_core(SkewedRunner()))
+
+
+def test_best_of_returns_the_n_most_likely_of_its_sequences_ranked() -> None:
+    async def scenario(engine: AsyncEngine) -> None:
+        outputs = await collect(engine.generate(request("best", n=2, best_of=4)))
+        sequences = by_index(outputs)
+        assert sorted(sequences) == [0, 1]
+        assert all(event.logprobs == () for event in outputs)
+        scored = {}
+        for index in range(4):
+            alone = request(f"seed{index}", seed=11 + index, logprobs=True)
+            events = await collect(engine.generate(alone))
+            scored[text(events)] = sum(event.logprobs[0].logprob for event in events)
+        ranked = sorted(scored, key=scored.get, reverse=True)
+        assert [text(sequences[0]), text(sequences[1])] == ranked[:2]
+
+    run_with_engine(scenario, make_core(SkewedRunner()))
+
+
+def test_leaving_an_n_request_early_aborts_all_its_sequences() -> None:
+    async def scenario(engine: AsyncEngine) -> None:
+        stream = engine.generate(request("many", n=3, max_new_tokens=1000))
+        async with contextlib.aclosing(stream):
+            await anext(stream)
+        await eventually(lambda: not engine._core.has_work())
+
+    run_with_engine(scenario, make_core(SkewedRunner()))
+
+
+@pytest.mark.parametrize(("parameters", "message"), [
+    ({"n": 3, "best_of": 2}, "at least n"),
+    ({"n": 1, "best_of": 2, "do_sample": False}, "needs sampling"),
+    ({"n": 0}, "[1, 128]"),
+    ({"best_of": 129}, "[1, 128]"),
+])
+def test_inconsistent_n_and_best_of_are_rejected(parameters: dict, message: str) -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        request("bad", **parameters)
+    assert caught.value.field in parameters and message in caught.value.message
