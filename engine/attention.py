@@ -1,10 +1,12 @@
-"""Attention over the paged KV cache for a whole batch in one call per layer.
+"""Attention over the paged KV cache for a whole batch.
 
 The batch's tokens arrive flat ([tokens, heads, head_dim]); each sequence's new K/V are
-written into its blocks' slots, then every sequence's context is gathered from the cache
-into a padded [sequences, context] layout and attended with one
-`scaled_dot_product_attention` call under a causal-and-padding mask. This pure-torch path
-runs on any device; on CUDA, SDPA picks its fused kernels.
+written into its blocks' slots, then each sequence's context is gathered from the cache into
+a padded [sequences, context] layout and attended with `scaled_dot_product_attention` under
+a causal-and-padding mask. Decoding sequences (one query each) and prefilling ones (a chunk
+of queries each) form separate groups, one SDPA call each: padding 64 one-token decodes to a
+64-token prefill chunk would multiply the work by 64. This pure-torch path runs on any
+device; on CUDA, SDPA picks its fused kernels.
 """
 
 from __future__ import annotations
@@ -21,42 +23,32 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True, slots=True)
-class AttentionBatch:
-    """Index tensors shared by every layer of one step."""
+class AttentionGroup:
+    """Sequences attended together: same padded query length."""
 
-    token_ids: torch.Tensor      # [T] flat tokens of all chunks
-    positions: torch.Tensor      # [T]
-    write_slots: torch.Tensor    # [T] cache slot of each new token
+    token_index: torch.Tensor    # [Tg] flat index of each of the group's tokens
     query_index: torch.Tensor    # [B, Qmax] flat index of each sequence's queries (padded)
     context_slots: torch.Tensor  # [B, Lmax] cache slots of each sequence's context (padded)
     mask: torch.Tensor           # [B, 1, Qmax, Lmax] True where a query may attend
-    unpad_index: torch.Tensor    # [T] position of each flat token in the padded [B*Qmax]
-    sample_index: torch.Tensor   # [S] flat index of the last token of each sampling chunk
+    unpad_index: torch.Tensor    # [Tg] position of each group token in the padded [B*Qmax]
 
     @classmethod
-    def build(cls, chunks: Sequence[SequenceChunk], block_size: int,
-              device: torch.device) -> AttentionBatch:
+    def build(cls, chunks: Sequence[SequenceChunk], firsts: Sequence[int], block_size: int,
+              device: torch.device) -> AttentionGroup:
+        """firsts: the flat index of each chunk's first token."""
         q_lens = [len(chunk.token_ids) for chunk in chunks]
         context_lens = [chunk.start + n for chunk, n in zip(chunks, q_lens)]
         q_max, l_max = max(q_lens), max(context_lens)
-        token_ids: list[int] = []
-        positions: list[int] = []
         query_index = torch.zeros(len(chunks), q_max, dtype=torch.long)
         context_slots = torch.zeros(len(chunks), l_max, dtype=torch.long)
+        token_index: list[int] = []
         unpad_index: list[int] = []
-        sample_index: list[int] = []
-        write_slots: list[torch.Tensor] = []
-        for row, (chunk, q_len, context_len) in enumerate(zip(chunks, q_lens, context_lens)):
-            slots = _slots(chunk.block_ids, context_len, block_size)
-            first = len(token_ids)
-            token_ids.extend(chunk.token_ids)
-            positions.extend(range(chunk.start, context_len))
-            write_slots.append(slots[chunk.start:])
+        for row, (chunk, first, q_len, context_len) in enumerate(
+                zip(chunks, firsts, q_lens, context_lens)):
             query_index[row, :q_len] = torch.arange(first, first + q_len)
-            context_slots[row, :context_len] = slots
+            context_slots[row, :context_len] = slots_of(chunk.block_ids, context_len, block_size)
+            token_index.extend(range(first, first + q_len))
             unpad_index.extend(range(row * q_max, row * q_max + q_len))
-            if chunk.samples:
-                sample_index.append(first + q_len - 1)
         starts = torch.tensor([chunk.start for chunk in chunks]).view(-1, 1, 1)
         query_positions = starts + torch.arange(q_max).view(1, -1, 1)
         key_positions = torch.arange(l_max).view(1, 1, -1)
@@ -64,18 +56,63 @@ class AttentionBatch:
         # Padded query rows attend to slot 0 only, so no row of the softmax is empty.
         mask = (key_positions <= query_positions) & valid_query | (key_positions == 0)
         return cls(
-            token_ids=torch.tensor(token_ids, device=device),
-            positions=torch.tensor(positions, device=device),
-            write_slots=torch.cat(write_slots).to(device),
+            token_index=torch.tensor(token_index, device=device),
             query_index=query_index.to(device),
             context_slots=context_slots.to(device),
             mask=mask.unsqueeze(1).to(device),
             unpad_index=torch.tensor(unpad_index, device=device),
+        )
+
+    @property
+    def is_decode(self) -> bool:
+        return self.query_index.shape[1] == 1
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionBatch:
+    """Index tensors shared by every layer of one step."""
+
+    token_ids: torch.Tensor      # [T] flat tokens of all chunks
+    positions: torch.Tensor      # [T]
+    write_slots: torch.Tensor    # [T] cache slot of each new token
+    groups: tuple[AttentionGroup, ...]
+    sample_index: torch.Tensor   # [S] flat index of the last token of each sampling chunk
+
+    @classmethod
+    def build(cls, chunks: Sequence[SequenceChunk], block_size: int,
+              device: torch.device) -> AttentionBatch:
+        token_ids: list[int] = []
+        positions: list[int] = []
+        write_slots: list[torch.Tensor] = []
+        firsts: list[int] = []
+        sample_index: list[int] = []
+        for chunk in chunks:
+            first = len(token_ids)
+            firsts.append(first)
+            end = chunk.start + len(chunk.token_ids)
+            token_ids.extend(chunk.token_ids)
+            positions.extend(range(chunk.start, end))
+            write_slots.append(slots_of(chunk.block_ids, end, block_size)[chunk.start:])
+            if chunk.samples:
+                sample_index.append(first + len(chunk.token_ids) - 1)
+        members: dict[bool, list[int]] = {True: [], False: []}
+        for position, chunk in enumerate(chunks):
+            members[len(chunk.token_ids) == 1].append(position)
+        groups = tuple(
+            AttentionGroup.build([chunks[i] for i in rows], [firsts[i] for i in rows],
+                                 block_size, device)
+            for rows in members.values() if rows)
+        return cls(
+            token_ids=torch.tensor(token_ids, device=device),
+            positions=torch.tensor(positions, device=device),
+            write_slots=torch.cat(write_slots).to(device),
+            groups=groups,
             sample_index=torch.tensor(sample_index, device=device, dtype=torch.long),
         )
 
 
-def _slots(block_ids: Sequence[int], num_tokens: int, block_size: int) -> torch.Tensor:
+def slots_of(block_ids: Sequence[int], num_tokens: int, block_size: int) -> torch.Tensor:
+    """Cache slots of a sequence's first num_tokens tokens, through its block table."""
     token_positions = torch.arange(num_tokens)
     blocks = torch.tensor(block_ids, dtype=torch.long)
     return blocks[token_positions // block_size] * block_size + token_positions % block_size
@@ -86,12 +123,21 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
     """q [T, H, D], k/v [T, Hkv, D]; caches [slots, Hkv, D]. Returns [T, H*D]."""
     k_cache.index_copy_(0, batch.write_slots, k)
     v_cache.index_copy_(0, batch.write_slots, v)
-    # A pure decode step (one query per sequence) needs no padding: the flat tokens are the rows.
-    decode_only = batch.query_index.shape[1] == 1
-    queries = (q.unsqueeze(1) if decode_only else q[batch.query_index]).transpose(1, 2)
-    keys = k_cache[batch.context_slots].transpose(1, 2)         # [B, Hkv, Lmax, D]
-    values = v_cache[batch.context_slots].transpose(1, 2)
-    out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=batch.mask,
-                                         enable_gqa=True)           # [B, H, Qmax, D]
-    out = out.transpose(1, 2).reshape(-1, q.shape[1] * q.shape[2])  # [B*Qmax, H*D]
-    return out if decode_only else out[batch.unpad_index]
+    if len(batch.groups) == 1 and batch.groups[0].is_decode:
+        return _attend(q.unsqueeze(1), k_cache, v_cache, batch.groups[0])
+    out = q.new_empty(q.shape[0], q.shape[1] * q.shape[2])
+    for group in batch.groups:
+        queries = q[group.query_index]
+        out.index_copy_(0, group.token_index,
+                        _attend(queries, k_cache, v_cache, group)[group.unpad_index])
+    return out
+
+
+def _attend(queries: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+            group: AttentionGroup) -> torch.Tensor:
+    """queries [B, Qmax, H, D] → [B*Qmax, H*D]."""
+    keys = k_cache[group.context_slots].transpose(1, 2)      # [B, Hkv, Lmax, D]
+    values = v_cache[group.context_slots].transpose(1, 2)
+    out = F.scaled_dot_product_attention(queries.transpose(1, 2), keys, values,
+                                         attn_mask=group.mask, enable_gqa=True)
+    return out.transpose(1, 2).reshape(-1, queries.shape[2] * queries.shape[3])
