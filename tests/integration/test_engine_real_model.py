@@ -146,14 +146,14 @@ def test_chinese_stream_is_the_one_shot_decode_without_broken_characters(harness
     assert any("\u4e00" <= char <= "\u9fff" for char in one_shot)
 
 
-def test_a_seed_reproduces_its_text_alone_and_among_other_requests(harness) -> None:
+def test_a_seed_reproduces_its_text_alone_and_among_eight_other_requests(harness) -> None:
     def seeded():
         return harness.request("Once upon a time", do_sample=True, temperature=1.0, top_k=50,
                                seed=42, max_new_tokens=16)
 
     [alone] = harness.generate(seeded())
     others = [harness.request(f"Story number {i}:", do_sample=True, max_new_tokens=16)
-              for i in range(4)]
+              for i in range(8)]
     crowded = harness.generate(*others, seeded())[-1]
     assert text_of(alone) == text_of(crowded)
     assert alone[-1].seed == 42
