@@ -14,6 +14,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from datetime import datetime, timezone
+from functools import partial
 from pathlib import Path
 
 import psutil
@@ -25,9 +26,9 @@ from bench import report
 from bench.baseline import Baseline
 from bench.grpc_load import LevelResult, run_level, secure_channel
 from bench.metrics import Row
-from bench.server_process import ServerProcess
 from bench.workload import PARAGRAPH, PromptSource
 from engine.loader import _hf_folder, default_model_path
+from server.process import ServerProcess
 from tls import DevPKIPaths, write_dev_pki
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -56,7 +57,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         pki = write_dev_pki(Path(folder))
         print("starting the server (its first start on a machine converts the model, ~30 s)",
               flush=True)
-        server = ServerProcess(pki.folder, args.server_config)
+        server = ServerProcess("--tls-dir", str(pki.folder),
+                               *(["--config", str(args.server_config)] if args.server_config else []))
         try:
             server.wait_ready()
             model = _model_folder()
@@ -114,6 +116,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def cpu_seconds(server: ServerProcess) -> float:
+    """User and system CPU time the server has used so far, all its threads together."""
+    times = psutil.Process(server.process.pid).cpu_times()
+    return times.user + times.system
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("--quick", action="store_true",
@@ -165,12 +173,13 @@ async def _drive(server: ServerProcess, pki: DevPKIPaths, warm_up: Prompts,
     async with secure_channel(server.address, pki.ca_cert, pki.client_cert,
                               pki.client_key) as channel:
         await run_level(channel, server.model_name, "warm-up", 1, warm_up, WARM_UP_TOKENS,
-                        server.cpu_seconds)
+                        partial(cpu_seconds, server))
         for streams, prompts in level_prompts.items():
             name = f"switchboard, {streams} stream{'s' if streams > 1 else ''}"
             print(f"{name}: {len(prompts)} requests of {new_tokens} tokens", flush=True)
             result = results[streams] = await run_level(
-                channel, server.model_name, name, streams, prompts, new_tokens, server.cpu_seconds)
+                channel, server.model_name, name, streams, prompts, new_tokens,
+                partial(cpu_seconds, server))
             print(f"  {result.row.tokens_per_s:.1f} tokens/s, {result.row.errors} errors",
                   flush=True)
     return results

@@ -1,30 +1,21 @@
 """Fixtures shared by every test layer: TLS material in a temporary folder and a real server
 process on a free port (port 0, the port read back from its "ready" line).
 
-This module must not import `proto` or `server`: tests under tests/peers import tritonclient,
-whose generated modules would collide with ours in protobuf's descriptor pool.
+This module must not load `proto`: tests under tests/peers import tritonclient, whose
+generated modules would collide with ours in protobuf's descriptor pool (server.process
+uses the standard library only).
 """
 
 from __future__ import annotations
 
-import collections
-import re
-import signal
-import subprocess
-import sys
-import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from server.process import ServerProcess
 from tls import DevPKIPaths, create_ca, issue_certificate, write_dev_pki
-
-READY_LINE = re.compile(r"ready: serving model '(?P<model>[^']+)' over gRPC on (?P<host>\S+):(?P<port>\d+)")
-# The first start on a fresh machine converts the GGUF model once (~30 s on 2 cores).
-START_TIMEOUT_S = 600
-STOP_TIMEOUT_S = 30
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,17 +25,6 @@ class ClientFiles:
     ca: Path
     cert: Path
     key: Path
-
-
-@dataclass(slots=True)
-class ServerProcess:
-    process: subprocess.Popen[str]
-    log: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=400))
-    address: str = ""
-    model_name: str = ""
-
-    def log_text(self) -> str:
-        return "\n".join(self.log)
 
 
 @pytest.fixture(scope="session")
@@ -68,43 +48,9 @@ def foreign_client_files(pki: DevPKIPaths, tmp_path_factory: pytest.TempPathFact
     return ClientFiles(ca=pki.ca_cert, cert=folder / "client.pem", key=folder / "client.key.pem")
 
 
-def start_server(*args: str) -> ServerProcess:
-    """Start `switchboard serve` and wait for its ready line; raise with its log if it fails."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "server", "serve", "--grpc-port", "0", *args],
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
-    server = ServerProcess(process)
-    ready = threading.Event()
-
-    def drain() -> None:
-        for line in process.stdout:
-            server.log.append(line.rstrip())
-            match = READY_LINE.search(line)
-            if match:
-                server.address = f"{match['host']}:{match['port']}"
-                server.model_name = match["model"]
-                ready.set()
-        ready.set()
-
-    threading.Thread(target=drain, daemon=True).start()
-    if not ready.wait(START_TIMEOUT_S) or not server.address:
-        stop_server(server)
-        raise RuntimeError(f"the server did not become ready:\n{server.log_text()}")
-    return server
-
-
-def stop_server(server: ServerProcess) -> int:
-    server.process.send_signal(signal.SIGTERM)
-    try:
-        return server.process.wait(STOP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        server.process.kill()
-        return server.process.wait()
-
-
 @pytest.fixture(scope="session")
 def grpc_server(pki: DevPKIPaths) -> Iterator[ServerProcess]:
-    server = start_server("--tls-dir", str(pki.folder))
+    server = ServerProcess("--tls-dir", str(pki.folder))
+    server.wait_ready()
     yield server
-    assert stop_server(server) == 0, f"the server did not stop cleanly:\n{server.log_text()}"
+    assert server.stop() == 0, f"the server did not stop cleanly:\n{server.log_text()}"
