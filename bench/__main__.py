@@ -27,7 +27,8 @@ from bench.baseline import Baseline
 from bench.grpc_load import LevelResult, run_level, secure_channel
 from bench.metrics import Row
 from bench.workload import PARAGRAPH, PromptSource
-from engine.loader import _hf_folder, default_model_path
+from engine.loader import default_model_path, hf_folder
+from server.cli import default_cache_dir
 from server.process import ServerProcess
 from tls import DevPKIPaths, write_dev_pki
 
@@ -163,8 +164,7 @@ def _levels(text: str) -> tuple[int, ...]:
 def _model_folder() -> Path:
     """The Hugging Face folder the server loads: the packaged GGUF's conversion, in the cache
     folder server/cli.py defaults to (the server has converted it by the time it is ready)."""
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return _hf_folder(default_model_path(), Path(base) / "switchboard")
+    return hf_folder(default_model_path(), default_cache_dir())
 
 
 async def _drive(server: ServerProcess, pki: DevPKIPaths, warm_up: Prompts,

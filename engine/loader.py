@@ -86,7 +86,7 @@ def load_model(config: EngineConfig) -> LoadedModel:
         raise ModelLoadError(f"model path {source} does not exist")
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
-    folder = _hf_folder(source, config.cache_dir)
+    folder = hf_folder(source, config.cache_dir)
     logger.info("loading %s on %s as %s", source, device, dtype)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
@@ -102,7 +102,7 @@ def load_model(config: EngineConfig) -> LoadedModel:
     )
 
 
-def _hf_folder(source: Path, cache_dir: Path | None) -> Path:
+def hf_folder(source: Path, cache_dir: Path | None) -> Path:
     """A Hugging Face folder for `source`: itself, or a GGUF file's cached conversion."""
     if source.is_dir():
         return source

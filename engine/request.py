@@ -34,10 +34,6 @@ class RequestStatus(enum.IntEnum):
     FINISHED_TIMED_OUT = 5
     FINISHED_FAILED = 6
 
-    @property
-    def is_finished(self) -> bool:
-        return self >= RequestStatus.FINISHED_STOPPED
-
 
 @dataclass(frozen=True, slots=True)
 class TokenLogprob:

@@ -79,7 +79,7 @@ def _configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerConfig]:
              if value is not None and name not in ("command", "config", "insecure", "tls_dir",
                                                    "log_level")}
     settings.update(flags)
-    settings.setdefault("cache_dir", _default_cache_dir())
+    settings.setdefault("cache_dir", default_cache_dir())
     engine_config = EngineConfig(**{k: v for k, v in settings.items() if k in ENGINE_SETTINGS})
     insecure = args.insecure or settings.get("https_enabled") is False
     if insecure:
@@ -99,7 +99,8 @@ def _configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerConfig]:
     return engine_config, server_config
 
 
-def _default_cache_dir() -> Path:
+def default_cache_dir() -> Path:
+    """Where converted models are kept: $XDG_CACHE_HOME/switchboard or ~/.cache/switchboard."""
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "switchboard"
 

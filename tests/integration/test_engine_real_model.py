@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,11 +13,12 @@ from transformers import AutoModelForCausalLM
 
 from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
-from engine.loader import _hf_folder, default_model_path
+from engine.loader import default_model_path, hf_folder
 from engine.request import FinishReason, RequestOutput
 from engine.validation import build_request
+from server.cli import default_cache_dir
 
-CACHE_DIR = Path.home() / ".cache" / "switchboard"
+CACHE_DIR = default_cache_dir()
 
 
 class EngineHarness:
@@ -91,7 +91,7 @@ SYSTEM_PROMPT = ("<|im_start|>system\nYou are a concise assistant. Answer in one
 
 @pytest.fixture(scope="module")
 def reference_model():
-    return AutoModelForCausalLM.from_pretrained(_hf_folder(default_model_path(), CACHE_DIR),
+    return AutoModelForCausalLM.from_pretrained(hf_folder(default_model_path(), CACHE_DIR),
                                                 dtype=torch.float32)
 
 

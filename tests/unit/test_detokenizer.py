@@ -7,13 +7,13 @@ machine the one-time GGUF conversion takes about 25 s.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 
 import pytest
 from transformers import AutoTokenizer
 
 from engine import loader
 from engine.detokenizer import REPLACEMENT_CHAR, IncrementalDetokenizer
+from server.cli import default_cache_dir
 
 IM_END = 2
 TEXTS = {
@@ -31,8 +31,8 @@ CLEAN_PROMPTS = ("", "User: 你好", "Say 👍🏽 twice:", "日本語のテキ�
 
 @pytest.fixture(scope="module")
 def tokenizer() -> object:
-    cache_dir = Path.home() / ".cache" / "switchboard"
-    return AutoTokenizer.from_pretrained(loader._hf_folder(loader.default_model_path(), cache_dir))
+    return AutoTokenizer.from_pretrained(loader.hf_folder(loader.default_model_path(),
+                                                          default_cache_dir()))
 
 
 def encode(tokenizer: object, text: str) -> list[int]:
