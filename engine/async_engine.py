@@ -158,10 +158,17 @@ class AsyncEngine:
                 self._submit(lambda core: core.abort(internal_id))
 
     def abort(self, request_id: str) -> None:
-        """Abort a request, and the sequences of an n / best_of request."""
+        """Abort a request, and the sequences of an n / best_of request: they emit nothing more."""
+        self._apply(request_id, EngineCore.abort)
+
+    def stop(self, request_id: str) -> None:
+        """End a request early: its stream ends with finish reason STOPPED."""
+        self._apply(request_id, EngineCore.stop)
+
+    def _apply(self, request_id: str, command: Callable[[EngineCore, str], None]) -> None:
         for caller_id, internal_id in list(self._internal_ids.items()):
             if caller_id == request_id or caller_id.startswith(f"{request_id}/"):
-                self._submit(lambda core, internal_id=internal_id: core.abort(internal_id))
+                self._submit(lambda core, internal_id=internal_id: command(core, internal_id))
 
     def _submit(self, command: Callable[[EngineCore], None]) -> None:
         with self._wakeup:

@@ -36,6 +36,8 @@ class EngineStats:
     num_waiting: int
     num_running: int
     num_preemptions: int
+    block_size: int
+    max_batch_size: int
 
 
 class ModelRunner(Protocol):
@@ -52,6 +54,7 @@ class EngineCore:
         self.scheduler = scheduler
         self._requests: dict[str, Request] = {}
         self._arrivals = itertools.count()
+        self._stopped: list[RequestOutput] = []
 
     @property
     def num_waiting(self) -> int:
@@ -66,7 +69,9 @@ class EngineCore:
         return EngineStats(num_free_blocks=block_manager.num_free_blocks,
                            num_total_blocks=block_manager.num_blocks,
                            num_waiting=self.num_waiting, num_running=self.num_running,
-                           num_preemptions=self.scheduler.num_preemptions)
+                           num_preemptions=self.scheduler.num_preemptions,
+                           block_size=block_manager.block_size,
+                           max_batch_size=self.scheduler.max_running)
 
     def has_work(self) -> bool:
         return bool(self._requests)
@@ -88,8 +93,21 @@ class EngineCore:
             self._finish(request, RequestStatus.FINISHED_ABORTED)
             logger.info("request %s aborted", request_id)
 
+    def stop(self, request_id: str) -> None:
+        """End a request early on its client's behalf; its last event (finish reason STOPPED,
+        with any text still held back) comes out of the next step."""
+        request = self._requests.get(request_id)
+        if request is None:
+            return
+        self._append_text(request, request.detokenizer.flush(), check_stops=True)
+        request.finish_reason = FinishReason.STOPPED
+        self._finish(request, RequestStatus.FINISHED_STOPPED)
+        self._stopped.append(self._output(request, (), None, FinishReason.STOPPED, None))
+        logger.info("request %s stopped on request", request_id)
+
     def step(self) -> list[RequestOutput]:
-        outputs = self._expire(time.monotonic())
+        outputs, self._stopped = self._stopped, []
+        outputs.extend(self._expire(time.monotonic()))
         chunks = self.scheduler.schedule()
         if not chunks:
             return outputs
@@ -159,8 +177,10 @@ class EngineCore:
                       step_time: float, batch_size: int) -> RequestOutput:
         sampling = request.spec.sampling
         request.output_token_ids.append(token_id)
+        token_latency = step_time - (request.last_token_time or request.arrival_time)
         if request.first_token_time is None:
             request.first_token_time = step_time
+        request.last_token_time = step_time
         num_generated = len(request.output_token_ids)
         finish: FinishReason | None = None
         if token_id in self._eos_token_ids and not sampling.ignore_eos:
@@ -175,29 +195,39 @@ class EngineCore:
         if finish is not None and finish is not FinishReason.STOP:
             finish = self._append_text(request, request.detokenizer.flush(),
                                        check_stops=True) or finish
+        if finish is not None:
+            request.finish_reason = finish
+            self._finish(request, RequestStatus.FINISHED_STOPPED)
+        timings = RequestTimings(
+            queue_wait=(request.first_scheduled_time or step_time) - request.arrival_time,
+            first_token=request.first_token_time - request.arrival_time,
+            step_time=step_time,
+            token_latency=token_latency,
+            batch_size=batch_size,
+        )
+        return self._output(request, (token_id,), logprob, finish, timings)
+
+    @staticmethod
+    def _output(request: Request, new_token_ids: tuple[int, ...], logprob: TokenLogprob | None,
+                finish: FinishReason | None, timings: RequestTimings | None) -> RequestOutput:
+        """The event for what a request produced: text is emitted up to the held-back tail
+        that could still start a stop string, all of it once finished."""
+        sampling = request.spec.sampling
         held_back = 0 if finish is not None else max(map(len, sampling.stop), default=1) - 1
         emit_to = max(request.num_emitted_chars, len(request.text) - held_back)
         delta = request.text[request.num_emitted_chars:emit_to]
         request.num_emitted_chars = emit_to
-        if finish is not None:
-            request.finish_reason = finish
-            self._finish(request, RequestStatus.FINISHED_STOPPED)
         return RequestOutput(
             request_id=request.request_id,
-            new_token_ids=(token_id,),
+            new_token_ids=new_token_ids,
             text=delta,
             num_prompt_tokens=len(request.spec.prompt_token_ids),
-            num_generated_tokens=num_generated,
+            num_generated_tokens=len(request.output_token_ids),
             seed=sampling.seed,
             finish_reason=finish,
             logprobs=(logprob,) if logprob is not None else (),
             num_cached_tokens=request.num_cached_tokens,
-            timings=RequestTimings(
-                queue_wait=(request.first_scheduled_time or step_time) - request.arrival_time,
-                first_token=request.first_token_time - request.arrival_time,
-                step_time=step_time,
-                batch_size=batch_size,
-            ),
+            timings=timings,
         )
 
     @staticmethod

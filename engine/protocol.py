@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 from typing import Protocol
 
 from engine.config import EngineLimits
+from engine.core import EngineStats
 from engine.params import GenerationRequest
 from engine.request import RequestOutput
 
@@ -21,3 +22,7 @@ class EngineClient(Protocol):
     def generate(self, request: GenerationRequest) -> AsyncIterator[RequestOutput]: ...
 
     def abort(self, request_id: str) -> None: ...
+
+    def stop(self, request_id: str) -> None: ...
+
+    def stats(self) -> EngineStats: ...

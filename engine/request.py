@@ -21,6 +21,7 @@ class FinishReason(enum.Enum):
     LENGTH = "length"
     EOS = "eos_token"
     STOP = "stop_sequence"
+    STOPPED = "stopped"  # ended early on request (MindIE's stopInfer)
 
 
 class RequestStatus(enum.IntEnum):
@@ -49,13 +50,15 @@ class RequestTimings:
     """Per-request timings (seconds): MindIE's perf_stat material.
 
     queue_wait: arrival to first scheduled; first_token: arrival to first token;
-    step_time: when this event's step ended (monotonic clock), so consumers get each token's
-    time since the previous one; batch_size: requests in that step.
+    step_time: when this event's step ended (monotonic clock); token_latency: this event's
+    token since the previous one (since arrival for the first); batch_size: requests in that
+    step.
     """
 
     queue_wait: float
     first_token: float
     step_time: float
+    token_latency: float
     batch_size: int
 
 
@@ -104,6 +107,7 @@ class Request:
     block_table: BlockTable = field(default_factory=BlockTable)
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
+    last_token_time: float | None = None
 
     @property
     def request_id(self) -> str:

@@ -43,7 +43,7 @@ class Scheduler:
     def __init__(self, block_manager: BlockManager, *, max_running: int, max_batched_tokens: int,
                  max_prefill_tokens: int) -> None:
         self.block_manager = block_manager
-        self._max_running = max_running
+        self.max_running = max_running
         self._max_batched_tokens = max_batched_tokens
         self._max_prefill_tokens = max_prefill_tokens
         self._waiting: list[tuple[tuple[int, int], Request]] = []
@@ -100,7 +100,7 @@ class Scheduler:
 
     def _admit(self, chunks: dict[Request, ScheduledChunk], budget: int) -> None:
         """Start waiting requests, best priority first, while budget, slots and blocks last."""
-        while self._waiting and budget > 0 and len(self.running) < self._max_running:
+        while self._waiting and budget > 0 and len(self.running) < self.max_running:
             request = self._waiting[0][1]
             if not request.block_table.block_ids:
                 request.num_computed_tokens = self.block_manager.reuse_prefix(

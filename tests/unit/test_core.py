@@ -267,3 +267,38 @@ def test_a_failure_in_a_shared_step_fails_only_its_request(arrangement: str) -> 
     assert good_outputs[-1].finish_reason is FinishReason.LENGTH
     assert runner.calls.count(("prefill", "f")) == 2  # in the shared batch, then alone
     assert core.scheduler.block_manager.num_free_blocks == 32
+
+
+def test_token_latency_is_time_since_the_previous_token() -> None:
+    core = make_core()
+    core.add(make_request("r", "a", max_new_tokens=3))
+    timings = [output.timings for output in run(core)["r"]]
+    assert timings[0].token_latency == pytest.approx(timings[0].first_token)
+    for previous, current in zip(timings, timings[1:]):
+        assert current.token_latency == pytest.approx(current.step_time - previous.step_time)
+
+
+def test_a_stopped_request_ends_with_stopped_and_its_held_back_text_and_frees_its_blocks() -> None:
+    core = make_core(FakeRunner(scripts={"p": "abcdxyw"}))
+    free_at_start = core.stats().num_free_blocks
+    core.add(make_request("r", "p", max_new_tokens=7, stop=("cde",)))
+    core.add(make_request("other", "q", max_new_tokens=4))
+    seen = [output for _ in range(3) for output in core.step() if output.request_id == "r"]
+    assert "".join(texts(seen)) == "a"  # "bc" is held back: it may start "cde"
+    core.stop("r")
+    outputs = core.step()
+    [last] = [output for output in outputs if output.request_id == "r"]
+    assert last.finish_reason is FinishReason.STOPPED
+    assert (last.new_token_ids, last.text, last.num_generated_tokens) == ((), "bc", 3)
+    assert [output.request_id for output in outputs if output.request_id != "r"] == ["other"]
+    assert run(core)["r"] == []
+    assert core.stats().num_free_blocks == free_at_start
+
+
+def test_stopping_an_unknown_or_finished_request_does_nothing() -> None:
+    core = make_core()
+    core.add(make_request("r", "a", max_new_tokens=1))
+    run(core)
+    core.stop("r")
+    core.stop("never-seen")
+    assert core.step() == []
