@@ -1,6 +1,7 @@
-"""KServe v2 / Triton protocol definitions (`grpc_service.proto`, `model_config.proto`).
+"""KServe v2 / Triton protocol definitions (`grpc_service.proto`, `model_config.proto`), our
+own `switchboard.proto` (service `switchboard.v1.Management`), and the BYTES tensor format.
 
 The generated modules `proto.grpc_service_pb2`, `proto.grpc_service_pb2_grpc` and
-`proto.model_config_pb2` (plus their `.pyi` stubs) are produced at install time by
+`proto.model_config_pb2`, `proto.switchboard_pb2` (plus their `.pyi` stubs) are produced at install time by
 `setup.py` (or on demand by `make proto` / `python -m proto.compile`) and are not committed.
 """

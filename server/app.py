@@ -17,12 +17,18 @@ from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
 from proto import grpc_service_pb2 as pb
 from proto import grpc_service_pb2_grpc as pb_grpc
+from proto import switchboard_pb2 as sb
+from proto import switchboard_pb2_grpc as sb_grpc
 from server.config import ServerConfig
+from server.management import ManagementServicer
+from server.served_model import ServedModel
 from server.servicer import InferenceServicer
 
 logger = logging.getLogger(__name__)
 
 INFERENCE_SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
+MANAGEMENT_SERVICE = sb.DESCRIPTOR.services_by_name["Management"].full_name
+SERVICES = (INFERENCE_SERVICE, MANAGEMENT_SERVICE)
 SHUTDOWN_GRACE_S = 5.0
 
 
@@ -47,19 +53,21 @@ class Server:
     def __init__(self, engine_config: EngineConfig, config: ServerConfig) -> None:
         self._engine_config = engine_config
         self._config = config
-        self._servicer = InferenceServicer(config.model_name, package_version())
+        self._served = ServedModel(config.model_name)
         self._health = health_aio.HealthServicer()
         self._grpc = grpc.aio.server()
         self._engine: AsyncEngine | None = None
         self.port: int | None = None
 
     async def start(self) -> None:
-        pb_grpc.add_GRPCInferenceServiceServicer_to_server(self._servicer, self._grpc)
+        pb_grpc.add_GRPCInferenceServiceServicer_to_server(
+            InferenceServicer(self._served, package_version()), self._grpc)
+        sb_grpc.add_ManagementServicer_to_server(ManagementServicer(self._served), self._grpc)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
         reflection.enable_server_reflection(
-            (INFERENCE_SERVICE, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            (*SERVICES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
              reflection.SERVICE_NAME), self._grpc)
-        for service in ("", INFERENCE_SERVICE):
+        for service in ("", *SERVICES):
             await self._health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
         address = f"{self._config.grpc_host}:{self._config.grpc_port}"
         if self._config.is_insecure:
@@ -74,8 +82,8 @@ class Server:
     async def load(self) -> None:
         self._engine = await asyncio.to_thread(AsyncEngine.from_config, self._engine_config)
         self._engine.start(asyncio.get_running_loop())
-        self._servicer.engine = self._engine
-        for service in ("", INFERENCE_SERVICE):
+        self._served.engine = self._engine
+        for service in ("", *SERVICES):
             await self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
         info = self._engine.info
         logger.info("model %s loaded from %s (%s, %s; max_seq_len %d)", self._config.model_name,

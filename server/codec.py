@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 import json
-import struct
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
@@ -20,9 +20,11 @@ import numpy as np
 from engine.config import EngineLimits
 from engine.errors import InvalidRequest
 from engine.params import GenerationRequest
-from engine.request import FinishReason, RequestOutput
+from engine.request import FinishReason, RequestOutput, RequestTimings
 from engine.validation import build_request
 from proto import grpc_service_pb2 as pb
+from proto import tensor_bytes
+from proto.tensor_bytes import serialize_bytes
 
 FINAL_RESPONSE_PARAMETER = "triton_final_response"
 # Reserved by Triton's parameters extension; they steer Triton's own scheduler, not generation.
@@ -32,6 +34,10 @@ MICROSECONDS = 1_000_000
 # Parameters that take several values: sent as a JSON array in a string_param.
 LIST_PARAMETERS = ("stop", "stop_token_ids")
 UNCARRIED_PARAMETERS = frozenset({"logprobs", "top_logprobs"})
+# MindIE's Triton token interface: request ids of at most 256 of these characters, and at most
+# 1024 * 1024 prompt token ids (besides maxInputTokenLen and maxSeqLen).
+CLIENT_ID = re.compile(r"[A-Za-z0-9_-]{1,256}")
+MAX_TOKEN_INPUTS = 1024 * 1024
 SINGLE_SEQUENCE_PARAMETERS = frozenset({"n", "best_of"})
 
 
@@ -82,6 +88,11 @@ def decode_infer_request(request: pb.ModelInferRequest) -> InferCall:
                              + " or ".join(INPUT_KINDS))
     if tensor.datatype != kind.datatype:
         raise InvalidRequest(tensor.name, f"datatype must be {kind.datatype}; got {tensor.datatype!r}")
+    if request.id and not CLIENT_ID.fullmatch(request.id):
+        raise InvalidRequest("id", "must be at most 256 characters of A-Z, a-z, 0-9, '_' and '-'")
+    if len(request.outputs) > len(request.inputs):
+        raise InvalidRequest("outputs", f"expected at most {len(request.inputs)} output (one per "
+                             f"input); got {len(request.outputs)}")
     for output in request.outputs:
         if output.name != kind.output_name:
             raise InvalidRequest("outputs", f"unknown output {output.name!r} for input "
@@ -169,9 +180,14 @@ def infer_response(call: InferCall, model_name: str, result: InferResult) -> pb.
 
 def stream_response(call: InferCall, model_name: str,
                     output: RequestOutput) -> pb.ModelStreamInferResponse:
-    """One decoupled response per event; the last is flagged with triton_final_response."""
+    """One decoupled response per event; the last is flagged with triton_final_response.
+    Each carries its token's id and timings (MindIE's perf_stat material) as parameters."""
     response = _response(call, model_name, output.new_token_ids, output.text)
     response.parameters[FINAL_RESPONSE_PARAMETER].bool_param = output.finish_reason is not None
+    if len(output.new_token_ids) == 1:
+        response.parameters["token_id"].int64_param = output.new_token_ids[0]
+    if output.timings is not None:
+        _set_timing_parameters(response, output.timings)
     if output.finish_reason is not None:
         _set_finish_parameters(response, output.finish_reason, output.num_generated_tokens,
                                output.seed)
@@ -182,23 +198,11 @@ def stream_error(message: str) -> pb.ModelStreamInferResponse:
     return pb.ModelStreamInferResponse(error_message=message)
 
 
-def serialize_bytes(elements: Iterable[bytes]) -> bytes:
-    return b"".join(struct.pack("<I", len(element)) + element for element in elements)
-
-
 def deserialize_bytes(data: bytes, field: str) -> list[bytes]:
-    elements: list[bytes] = []
-    offset = 0
-    while offset < len(data):
-        if offset + 4 > len(data):
-            raise InvalidRequest(field, "BYTES data ends inside a 4-byte length prefix")
-        (length,) = struct.unpack_from("<I", data, offset)
-        offset += 4
-        if offset + length > len(data):
-            raise InvalidRequest(field, f"BYTES element of {length} bytes runs past the data")
-        elements.append(data[offset:offset + length])
-        offset += length
-    return elements
+    try:
+        return tensor_bytes.deserialize_bytes(data)
+    except ValueError as error:
+        raise InvalidRequest(field, str(error)) from None
 
 
 def _response(call: InferCall, model_name: str, token_ids: Iterable[int],
@@ -222,6 +226,14 @@ def _set_finish_parameters(response: pb.ModelInferResponse, reason: FinishReason
     response.parameters["seed"].uint64_param = seed
 
 
+def _set_timing_parameters(response: pb.ModelInferResponse, timings: RequestTimings) -> None:
+    """MindIE's perf_stat material: the step's batch size, the request's queue wait and this
+    token's latency (since the previous token; since arrival for the first)."""
+    response.parameters["batch_size"].int64_param = timings.batch_size
+    response.parameters["queue_wait_us"].int64_param = round(timings.queue_wait * MICROSECONDS)
+    response.parameters["token_latency_us"].int64_param = round(timings.token_latency * MICROSECONDS)
+
+
 def _raw_input(request: pb.ModelInferRequest) -> bytes | None:
     if not request.raw_input_contents:
         return None
@@ -241,6 +253,9 @@ def _check_shape(tensor: pb.ModelInferRequest.InferInputTensor, allowed: str) ->
 
 def _token_ids(tensor: pb.ModelInferRequest.InferInputTensor, raw: bytes | None) -> tuple[int, ...]:
     count = _check_shape(tensor, "[n] or [1, n]")
+    if count > MAX_TOKEN_INPUTS:
+        raise InvalidRequest(tensor.name, f"has {count} token ids; at most {MAX_TOKEN_INPUTS} are "
+                             "accepted")
     if raw is not None:
         if len(raw) != 4 * count:
             raise InvalidRequest(tensor.name, f"shape {list(tensor.shape)} needs {4 * count} bytes "

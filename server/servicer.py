@@ -17,23 +17,27 @@ from typing import TypeVar
 
 import grpc
 
-from engine.errors import EngineDead, EngineError, NotFound
-from engine.protocol import EngineClient
+from engine.errors import EngineError, GenerationFailed
+from engine.params import GenerationRequest
+from engine.request import RequestOutput
 from proto import grpc_service_pb2 as pb
 from proto import grpc_service_pb2_grpc as pb_grpc
 from server import codec, model_info
 from server.errors import status_for
+from server.served_model import ServedModel
 
 logger = logging.getLogger(__name__)
 
 Response = TypeVar("Response")
+# Triton's header asking for stream errors as gRPC statuses (inference_protocols.md).
+GRPC_ERROR_HEADER = "triton_grpc_error"
 
 
 def engine_errors(rpc: Callable[..., Awaitable[Response]]) -> Callable[..., Awaitable[Response]]:
     """Turn an EngineError raised by a unary RPC into its gRPC status and message."""
 
     @functools.wraps(rpc)
-    async def wrapper(self: InferenceServicer, request: object,
+    async def wrapper(self: object, request: object,
                       context: grpc.aio.ServicerContext) -> Response:
         try:
             return await rpc(self, request, context)
@@ -44,10 +48,9 @@ def engine_errors(rpc: Callable[..., Awaitable[Response]]) -> Callable[..., Awai
 
 
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, model_name: str, version: str) -> None:
-        self.model_name = model_name
+    def __init__(self, served: ServedModel, version: str) -> None:
+        self.served = served
         self.version = version
-        self.engine: EngineClient | None = None
 
     async def ServerLive(self, request: pb.ServerLiveRequest, context: grpc.aio.ServicerContext
                          ) -> pb.ServerLiveResponse:
@@ -55,13 +58,13 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ServerReady(self, request: pb.ServerReadyRequest, context: grpc.aio.ServicerContext
                           ) -> pb.ServerReadyResponse:
-        return pb.ServerReadyResponse(ready=self._is_ready())
+        return pb.ServerReadyResponse(ready=self.served.is_ready)
 
     @engine_errors
     async def ModelReady(self, request: pb.ModelReadyRequest, context: grpc.aio.ServicerContext
                          ) -> pb.ModelReadyResponse:
-        self._check_model(request.name, request.version)
-        return pb.ModelReadyResponse(ready=self._is_ready())
+        self.served.check_model(request.name, request.version)
+        return pb.ModelReadyResponse(ready=self.served.is_ready)
 
     async def ServerMetadata(self, request: pb.ServerMetadataRequest,
                              context: grpc.aio.ServicerContext) -> pb.ServerMetadataResponse:
@@ -70,14 +73,15 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     @engine_errors
     async def ModelMetadata(self, request: pb.ModelMetadataRequest,
                             context: grpc.aio.ServicerContext) -> pb.ModelMetadataResponse:
-        self._check_model(request.name, request.version)
-        return model_info.model_metadata(self.model_name)
+        self.served.check_model(request.name, request.version)
+        return model_info.model_metadata(self.served.model_name)
 
     @engine_errors
     async def ModelConfig(self, request: pb.ModelConfigRequest, context: grpc.aio.ServicerContext
                           ) -> pb.ModelConfigResponse:
-        self._check_model(request.name, request.version)
-        return model_info.model_config(self.model_name, self.engine and self.engine.limits)
+        self.served.check_model(request.name, request.version)
+        return model_info.model_config(self.served.model_name,
+                                       self.served.engine and self.served.engine.limits)
 
     @engine_errors
     async def ModelInfer(self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
@@ -85,19 +89,30 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         call, events = self._start(request)
         async with contextlib.aclosing(events):
             result = codec.aggregate([event async for event in events])
-        return codec.infer_response(call, self.model_name, result)
+        return codec.infer_response(call, self.served.model_name, result)
 
     async def ModelStreamInfer(self, request_iterator: AsyncIterator[pb.ModelInferRequest],
                                context: grpc.aio.ServicerContext
                                ) -> AsyncIterator[pb.ModelStreamInferResponse]:
         """Decoupled streaming: each request on the stream runs concurrently and its responses
-        interleave; an error ends only its own request (in-band `error_message`, as Triton)."""
-        outbox: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
+        interleave. An error ends only its own request, in-band (`error_message`), unless the
+        call carries Triton's `triton_grpc_error: true` header: then the stream ends with the
+        error's gRPC status, which is how the gateway tells a bad request from an overload."""
+        status_errors = dict(context.invocation_metadata() or ()).get(GRPC_ERROR_HEADER) == "true"
+        outbox: asyncio.Queue[pb.ModelStreamInferResponse | EngineError | None] = asyncio.Queue()
         running: set[asyncio.Task[None]] = set()
 
         async def serve(request: pb.ModelInferRequest) -> None:
-            async for response in self._stream_responses(request):
-                outbox.put_nowait(response)
+            try:
+                call, events = self._start(request)
+                async with contextlib.aclosing(events):
+                    async for event in events:
+                        outbox.put_nowait(codec.stream_response(call, self.served.model_name, event))
+            except EngineError as error:
+                outbox.put_nowait(error)
+            except Exception:
+                logger.exception("stream request %r failed", request.id)
+                outbox.put_nowait(GenerationFailed("internal error"))
 
         async def read_requests() -> None:
             try:
@@ -112,47 +127,32 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
         reader = asyncio.create_task(read_requests())
         try:
-            while (response := await outbox.get()) is not None:
-                yield response
+            while (item := await outbox.get()) is not None:
+                if not isinstance(item, EngineError):
+                    yield item
+                elif status_errors:
+                    await context.abort(status_for(item), item.message)
+                else:
+                    yield codec.stream_error(item.message)
         finally:
             for task in (reader, *running):
                 task.cancel()
 
-    async def _stream_responses(self, request: pb.ModelInferRequest
-                                ) -> AsyncIterator[pb.ModelStreamInferResponse]:
-        try:
-            call, events = self._start(request)
-            async with contextlib.aclosing(events):
-                async for event in events:
-                    yield codec.stream_response(call, self.model_name, event)
-        except EngineError as error:
-            yield codec.stream_error(error.message)
-        except Exception:
-            logger.exception("stream request %r failed", request.id)
-            yield codec.stream_error("internal error")
-
     def _start(self, request: pb.ModelInferRequest
-               ) -> tuple[codec.InferCall, AsyncIterator]:
-        engine = self._ready_engine()
-        self._check_model(request.model_name, request.model_version)
+               ) -> tuple[codec.InferCall, AsyncIterator[RequestOutput]]:
+        engine = self.served.ready_engine()
+        self.served.check_model(request.model_name, request.model_version)
         call = codec.decode_infer_request(request)
         request_id = uuid.uuid4().hex
         spec = codec.build_engine_request(call, request_id, engine.encode, engine.limits)
         logger.info("request %s (client id %r): %d prompt tokens, %s", request_id, call.client_id,
                     len(spec.prompt_token_ids), call.kind.name.lower())
-        return call, engine.generate(spec)
+        return call, self._generate(call.client_id, spec)
 
-    def _is_ready(self) -> bool:
-        return self.engine is not None and self.engine.is_healthy
-
-    def _ready_engine(self) -> EngineClient:
-        if self.engine is None or not self.engine.is_healthy:
-            raise EngineDead("the model is not ready (still loading, or stopped)")
-        return self.engine
-
-    def _check_model(self, name: str, version: str) -> None:
-        if name != self.model_name:
-            raise NotFound(f"unknown model {name!r}; this server serves {self.model_name!r}")
-        if version not in ("", model_info.MODEL_VERSION):
-            raise NotFound(f"model {name!r} has no version {version!r}; "
-                           f"available: {model_info.MODEL_VERSION}")
+    async def _generate(self, client_id: str, spec: GenerationRequest
+                        ) -> AsyncIterator[RequestOutput]:
+        """The engine's events, with the request findable by its client id meanwhile."""
+        with self.served.running(client_id, spec.request_id):
+            async with contextlib.aclosing(self.served.ready_engine().generate(spec)) as events:
+                async for event in events:
+                    yield event

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 from collections.abc import Callable
 
@@ -9,7 +10,7 @@ import pytest
 
 from engine.config import EngineLimits
 from engine.errors import InvalidRequest, PromptTooLong
-from engine.request import FinishReason, RequestOutput
+from engine.request import FinishReason, RequestOutput, RequestTimings
 from proto import grpc_service_pb2 as pb
 from server.codec import (InferCall, InferResult, InputKind, aggregate, build_engine_request,
                           decode_infer_request, deserialize_bytes, infer_response,
@@ -300,7 +301,8 @@ def test_stream_responses_flag_only_the_final_one(
     intermediate = stream_response(call, "smollm2", output("he", 7, 1)).infer_response
     final = stream_response(call, "smollm2", output("llo", 8, 2, FinishReason.STOP)).infer_response
     assert intermediate.parameters["triton_final_response"].bool_param is False
-    assert set(intermediate.parameters) == {"triton_final_response"}
+    assert set(intermediate.parameters) == {"triton_final_response", "token_id"}
+    assert intermediate.parameters["token_id"].int64_param == 7
     assert final.parameters["triton_final_response"].bool_param is True
     assert final.parameters["finish_reason"].string_param == "stop_sequence"
     assert final.parameters["generated_tokens"].int64_param == 2
@@ -340,3 +342,41 @@ def test_several_sequences_are_refused_over_grpc(name: str) -> None:
     with pytest.raises(InvalidRequest) as caught:
         pb_parameters(**{name: 2})
     assert caught.value.field == name
+
+
+def test_stream_responses_carry_the_token_timings_in_microseconds() -> None:
+    call = decode_infer_request(text_request())
+    event = dataclasses.replace(output("he", 7, 1), timings=RequestTimings(
+        queue_wait=0.0015, first_token=0.25, step_time=100.0, token_latency=0.0425, batch_size=3))
+    parameters = stream_response(call, "smollm2", event).infer_response.parameters
+    assert parameters["batch_size"].int64_param == 3
+    assert parameters["queue_wait_us"].int64_param == 1500
+    assert parameters["token_latency_us"].int64_param == 42500
+
+
+def test_a_stopped_request_ends_with_an_empty_final_response() -> None:
+    call = decode_infer_request(text_request())
+    stopped = RequestOutput(request_id="r", new_token_ids=(), text="", num_prompt_tokens=3,
+                            num_generated_tokens=4, seed=42, finish_reason=FinishReason.STOPPED)
+    response = stream_response(call, "smollm2", stopped).infer_response
+    assert response.parameters["finish_reason"].string_param == "stopped"
+    assert response.parameters["triton_final_response"].bool_param is True
+    assert "token_id" not in response.parameters
+
+
+@pytest.mark.parametrize("client_id", ["x" * 257, "has space", "semi;colon"])
+def test_client_ids_follow_mindies_rule(client_id: str) -> None:
+    request = token_request()
+    request.id = client_id
+    with pytest.raises(InvalidRequest) as raised:
+        decode_infer_request(request)
+    assert raised.value.field == "id"
+
+
+def test_more_outputs_than_inputs_are_refused() -> None:
+    request = token_request()
+    request.outputs.add(name="output0")
+    request.outputs.add(name="output0")
+    with pytest.raises(InvalidRequest) as raised:
+        decode_infer_request(request)
+    assert raised.value.field == "outputs"
