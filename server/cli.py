@@ -1,4 +1,6 @@
-"""The `switchboard` command. Only this module reads argv, files and the environment."""
+"""The `switchboard` command: `server`, `gateway`, or `run` (both). Only this module reads argv,
+files and the environment. It imports neither torch nor the engine's runtime until `server`
+starts serving, so the gateway process never loads them."""
 
 from __future__ import annotations
 
@@ -8,19 +10,27 @@ import dataclasses
 import json
 import logging
 import os
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
 from engine.config import DEVICES, DTYPES, EngineConfig
+from gateway.config import (DEFAULT_BUSINESS_PORT, DEFAULT_HTTP_HOST, DEFAULT_MANAGEMENT_PORT,
+                            DEFAULT_MAX_BODY_BYTES, DEFAULT_METRICS_PORT, DEFAULT_UPSTREAM,
+                            GatewayConfig, Plane, PlaneConfig, TLSMode, UpstreamConfig)
 from server.config import (DEFAULT_GRPC_HOST, DEFAULT_GRPC_PORT, DEFAULT_MODEL_NAME, ConfigError,
                            ServerConfig, read_config_file, tls_files_from_settings)
-from tls import TLSConfigError, dev_files
+from server.process import ChildProcess, GatewayProcess, ServerProcess
+from tls import TLSConfigError, TLSFiles, dev_files
 
 logger = logging.getLogger("switchboard")
 
 DEFAULT_TLS_DIR = Path("tls/dev")
 ENGINE_SETTINGS = tuple(field.name for field in dataclasses.fields(EngineConfig))
+SERVER_FLAGS = frozenset({"model", "model_name", "device", "dtype", "grpc_host", "grpc_port",
+                          "cache_dir"})
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -37,9 +47,10 @@ def _parser() -> argparse.ArgumentParser:
                         choices=("debug", "info", "warning", "error"))
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
 
-    serve = commands.add_parser("serve", help="serve a model over KServe v2 gRPC (mutual TLS)")
+    serve = commands.add_parser("server", aliases=["serve"],
+                                help="serve a model over KServe v2 gRPC (mutual TLS)")
     serve.set_defaults(command=_serve)
-    serve.add_argument("--config", type=Path, help="JSON config file with MindIE's config.json keys")
+    _add_common_arguments(serve)
     serve.add_argument("--model", type=Path,
                        help="a Hugging Face folder or a .gguf file (default: the packaged SmolLM2)")
     serve.add_argument("--model-name", help=f"name clients use (default: {DEFAULT_MODEL_NAME})")
@@ -48,15 +59,53 @@ def _parser() -> argparse.ArgumentParser:
                        help="default: auto (bfloat16 on accelerators, float32 on CPU)")
     serve.add_argument("--grpc-host", help=f"default: {DEFAULT_GRPC_HOST}")
     serve.add_argument("--grpc-port", type=int, help=f"default: {DEFAULT_GRPC_PORT}; 0 picks a free port")
-    serve.add_argument("--tls-dir", type=Path,
-                       help="folder with ca.pem, server.pem, server.key.pem "
-                            f"(default: {DEFAULT_TLS_DIR}, unless the config file names TLS files)")
-    serve.add_argument("--insecure", action="store_true",
-                       help="serve plain-text gRPC with no TLS at all (logs a warning)")
     serve.add_argument("--cache-dir", type=Path,
                        help="where converted GGUF models are kept (default: ~/.cache/switchboard)")
 
+    gateway = commands.add_parser("gateway", help="serve the REST routes over HTTPS, transcoded "
+                                                  "to the gRPC server (mutual TLS on both hops)")
+    gateway.set_defaults(command=_gateway)
+    _add_common_arguments(gateway)
+    _add_gateway_arguments(gateway)
+
+    run = commands.add_parser("run", help="start the server, then the gateway in front of it; "
+                                          "Ctrl-C stops both")
+    run.set_defaults(command=_run)
+    _add_common_arguments(run)
+    _add_gateway_arguments(run, with_upstream=False)
     return parser
+
+
+def _add_common_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", type=Path,
+                        help="JSON config file with MindIE's config.json keys")
+    parser.add_argument("--tls-dir", type=Path,
+                        help="folder with ca.pem, server.pem, server.key.pem, client.pem, "
+                             f"client.key.pem (default: {DEFAULT_TLS_DIR}, unless the config file "
+                             "names TLS files)")
+    parser.add_argument("--insecure", action="store_true",
+                        help="no TLS at all: plaintext gRPC, plain HTTP on loopback (logs a warning)")
+
+
+def _add_gateway_arguments(parser: argparse.ArgumentParser, *, with_upstream: bool = True) -> None:
+    if with_upstream:
+        parser.add_argument("--upstream", help=f"the gRPC server, HOST:PORT (default: the config "
+                                               f"file's grpcIpAddress:grpcPort, else {DEFAULT_UPSTREAM})")
+    parser.add_argument("--http-host", help=f"business plane address (default: {DEFAULT_HTTP_HOST})")
+    parser.add_argument("--http-port", type=int,
+                        help=f"business plane port (default: {DEFAULT_BUSINESS_PORT}; 0 picks one)")
+    parser.add_argument("--management-host", help="management and metrics planes' address "
+                                                  "(default: the business plane's)")
+    parser.add_argument("--management-port", type=int,
+                        help=f"default: {DEFAULT_MANAGEMENT_PORT}; 0 picks one")
+    parser.add_argument("--metrics-port", type=int,
+                        help=f"default: {DEFAULT_METRICS_PORT}; may equal the management port")
+    for plane in Plane:
+        parser.add_argument(f"--{plane.value}-tls", choices=[mode.value for mode in TLSMode],
+                            help=f"the {plane.value} plane's TLS: mutual (default), server "
+                                 "(no client certificate asked), none (plain HTTP, loopback only)")
+    parser.add_argument("--max-body-bytes", type=int,
+                        help=f"larger request bodies get 413 (default: {DEFAULT_MAX_BODY_BYTES})")
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -77,7 +126,7 @@ def _configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerConfig]:
     settings = read_config_file(args.config) if args.config else {}
     flags = {name: value for name, value in vars(args).items()
              if value is not None and name not in ("command", "config", "insecure", "tls_dir",
-                                                   "log_level")}
+                                                   "log_level") and name in SERVER_FLAGS}
     settings.update(flags)
     settings.setdefault("cache_dir", default_cache_dir())
     engine_config = EngineConfig(**{k: v for k, v in settings.items() if k in ENGINE_SETTINGS})
@@ -97,6 +146,88 @@ def _configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerConfig]:
         tls=tls,
     )
     return engine_config, server_config
+
+
+def _gateway(args: argparse.Namespace) -> int:
+    try:
+        config = gateway_config(args)
+    except (ConfigError, TLSConfigError, ValueError) as error:
+        logger.error("%s", error)
+        return 2
+    from gateway.app import serve as serve_gateway
+
+    asyncio.run(serve_gateway(config))
+    return 0
+
+
+def gateway_config(args: argparse.Namespace) -> GatewayConfig:
+    """Defaults, then the config file, then command-line flags."""
+    settings = read_config_file(args.config) if args.config else {}
+    settings.update({name: value for name, value in vars(args).items() if value is not None})
+    insecure = args.insecure or settings.get("https_enabled") is False
+    if insecure:
+        logger.warning("--insecure: plain HTTP on every plane and plaintext gRPC upstream")
+    server_files = None if insecure else _server_tls(args, settings)
+    http_host = settings.get("http_host", DEFAULT_HTTP_HOST)
+    management_host = settings.get("management_host", http_host)
+    planes = []
+    for plane, host, port in ((Plane.BUSINESS, http_host, DEFAULT_BUSINESS_PORT),
+                              (Plane.MANAGEMENT, management_host, DEFAULT_MANAGEMENT_PORT),
+                              (Plane.METRICS, management_host, DEFAULT_METRICS_PORT)):
+        mode = TLSMode.NONE if insecure else TLSMode(settings.get(f"{plane.value}_tls", "mutual"))
+        planes.append(PlaneConfig(plane=plane, host=host, port=settings.get(
+            f"{'http' if plane is Plane.BUSINESS else plane.value}_port", port), tls_mode=mode,
+            tls=None if mode is TLSMode.NONE else server_files))
+    upstream = settings.get("upstream") or (
+        f"{settings['grpc_host']}:{settings['grpc_port']}" if "grpc_port" in settings
+        else DEFAULT_UPSTREAM)
+    client_files = None if insecure else dev_files(args.tls_dir or DEFAULT_TLS_DIR, "client")
+    if client_files is not None:
+        client_files.load()
+    return GatewayConfig(planes=tuple(planes),
+                         upstream=UpstreamConfig(target=upstream, tls=client_files),
+                         max_body_bytes=settings.get("max_body_bytes", DEFAULT_MAX_BODY_BYTES))
+
+
+def _server_tls(args: argparse.Namespace, settings: dict[str, object]) -> TLSFiles:
+    """The planes' certificate: the config file's TLS keys, else the TLS folder's server files."""
+    files = None if args.tls_dir is not None else tls_files_from_settings(settings)
+    files = files or dev_files(args.tls_dir or DEFAULT_TLS_DIR, "server")
+    files.load()
+    return files
+
+
+def _run(args: argparse.Namespace) -> int:
+    """The server and the gateway as child processes; SIGINT or SIGTERM stops both."""
+    shared = [*(["--config", str(args.config)] if args.config else []),
+              *(["--tls-dir", str(args.tls_dir)] if args.tls_dir else []),
+              *(["--insecure"] if args.insecure else [])]
+    gateway_flags = [f"--{name.replace('_', '-')}={value}" for name, value in vars(args).items()
+                     if value is not None and name.startswith(("http_", "management_", "metrics_",
+                                                               "business_", "max_body"))]
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    children: list[ChildProcess] = []
+    try:
+        server = ServerProcess(*shared, echo=True)
+        children.append(server)
+        server.wait_ready()
+        gateway = GatewayProcess(*shared, *gateway_flags, f"--upstream={server.address}",
+                                 echo=True)
+        children.append(gateway)
+        gateway.wait_ready()
+        while not stop.wait(1.0):
+            if any(child.process.poll() is not None for child in children):
+                logger.error("a child process exited; stopping")
+                return 1
+        return 0
+    except RuntimeError as error:
+        logger.error("%s", error)
+        return 1
+    finally:
+        for child in reversed(children):
+            child.stop()
 
 
 def default_cache_dir() -> Path:

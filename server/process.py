@@ -1,8 +1,10 @@
-"""`switchboard serve` as a child process, for the tests and the benchmark.
+"""`switchboard server` and `switchboard gateway` as child processes: for `switchboard run`, the
+tests and the benchmark.
 
-It listens on port 0; its address is read back from the "ready" line it logs; SIGTERM stops
-it. Its output is drained (the tail kept) so that a full pipe never blocks it. Standard
-library only: tests that drive it with tritonclient must not load our protobuf modules.
+Each listens where its flags say (port 0 in tests); its addresses are read back from the
+"ready" line it logs; SIGTERM stops it. Its output is drained (the tail kept, and echoed when
+asked) so that a full pipe never blocks it. Standard library only: tests that drive it with
+tritonclient must not load our protobuf modules.
 """
 
 from __future__ import annotations
@@ -15,36 +17,41 @@ import sys
 import threading
 from pathlib import Path
 
-READY_LINE = re.compile(r"ready: serving model '(?P<model>[^']+)' over gRPC on "
-                        r"(?P<host>\S+):(?P<port>\d+)")
+SERVER_READY = re.compile(r"ready: serving model '(?P<model>[^']+)' over gRPC on "
+                          r"(?P<host>\S+):(?P<port>\d+)")
+GATEWAY_READY = re.compile(r"gateway ready: business on (?P<business>\S+), management on "
+                           r"(?P<management>\S+), metrics on (?P<metrics>[^\s;]+)")
 # The first start on a fresh machine converts the GGUF model once (~30 s on 2 cores).
 START_TIMEOUT_S = 600
 STOP_TIMEOUT_S = 30
 LOG_LINES_KEPT = 400
 
 
-class ServerProcess:
-    def __init__(self, *args: str) -> None:
-        """args: `switchboard serve` flags beyond `--grpc-port 0`."""
+class ChildProcess:
+    def __init__(self, args: list[str], ready: re.Pattern[str], *, echo: bool = False) -> None:
+        """args: the `switchboard` command line after the program name."""
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "server", "serve", "--grpc-port", "0", *args],
+            [sys.executable, "-m", "server", *args],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )
         self.log: collections.deque[str] = collections.deque(maxlen=LOG_LINES_KEPT)
-        self.address = ""
-        self.model_name = ""
+        self.ready_match: re.Match[str] | None = None
+        self._ready_pattern = ready
+        self._echo = echo
         self._ready = threading.Event()
         threading.Thread(target=self._drain, daemon=True).start()
 
-    def wait_ready(self) -> None:
-        """Block until the ready line; stop the server and raise with its log if it never comes."""
-        if not self._ready.wait(START_TIMEOUT_S) or not self.address:
+    def wait_ready(self) -> re.Match[str]:
+        """Block until the ready line; stop the process and raise with its log if it never comes."""
+        if not self._ready.wait(START_TIMEOUT_S) or self.ready_match is None:
             self.stop()
-            raise RuntimeError(f"the server did not become ready:\n{self.log_text()}")
+            raise RuntimeError(f"{self.process.args[3]} did not become ready:\n{self.log_text()}")
+        return self.ready_match
 
     def stop(self) -> int:
         """SIGTERM (a graceful stop), then SIGKILL if it lingers; returns the exit status."""
-        self.process.send_signal(signal.SIGTERM)
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
         try:
             return self.process.wait(STOP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
@@ -55,7 +62,7 @@ class ServerProcess:
         return "\n".join(self.log)
 
     def peak_rss_bytes(self) -> int:
-        """VmHWM: the most resident memory the server process has had."""
+        """VmHWM: the most resident memory the process has had."""
         for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) * 1024
@@ -64,10 +71,37 @@ class ServerProcess:
     def _drain(self) -> None:
         assert self.process.stdout is not None
         for line in self.process.stdout:
+            if self._echo:
+                sys.stdout.write(line)
+                sys.stdout.flush()
             self.log.append(line.rstrip())
-            match = READY_LINE.search(line)
-            if match and not self.address:
-                self.address = f"{match['host']}:{match['port']}"
-                self.model_name = match["model"]
+            match = self._ready_pattern.search(line)
+            if match and self.ready_match is None:
+                self.ready_match = match
                 self._ready.set()
         self._ready.set()
+
+
+class ServerProcess(ChildProcess):
+    def __init__(self, *args: str, echo: bool = False) -> None:
+        """args: `switchboard server` flags beyond `--grpc-port 0`."""
+        super().__init__(["server", "--grpc-port", "0", *args], SERVER_READY, echo=echo)
+
+    @property
+    def address(self) -> str:
+        ready = self.wait_ready()
+        return f"{ready['host']}:{ready['port']}"
+
+    @property
+    def model_name(self) -> str:
+        return self.wait_ready()["model"]
+
+
+class GatewayProcess(ChildProcess):
+    def __init__(self, *args: str, echo: bool = False) -> None:
+        """args: `switchboard gateway` flags (ports, --upstream, TLS)."""
+        super().__init__(["gateway", *args], GATEWAY_READY, echo=echo)
+
+    def url(self, plane: str) -> str:
+        """The base URL of a plane: business, management or metrics."""
+        return self.wait_ready()[plane]

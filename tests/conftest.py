@@ -1,5 +1,6 @@
-"""Fixtures shared by every test layer: TLS material in a temporary folder and a real server
-process on a free port (port 0, the port read back from its "ready" line).
+"""Fixtures shared by every test layer: TLS material in a temporary folder, a real server
+process and a real gateway process in front of it, on free ports (port 0, the ports read back
+from their "ready" lines).
 
 This module must not load `proto`: tests under tests/peers import tritonclient, whose
 generated modules would collide with ours in protobuf's descriptor pool (server.process
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from server.process import ServerProcess
+from server.process import GatewayProcess, ServerProcess
 from tls import DevPKIPaths, create_ca, issue_certificate, write_dev_pki
 
 
@@ -54,3 +55,18 @@ def grpc_server(pki: DevPKIPaths) -> Iterator[ServerProcess]:
     server.wait_ready()
     yield server
     assert server.stop() == 0, f"the server did not stop cleanly:\n{server.log_text()}"
+
+
+def start_gateway(tls_dir: Path, upstream: str, *args: str) -> GatewayProcess:
+    gateway = GatewayProcess("--tls-dir", str(tls_dir), "--upstream", upstream, "--http-port", "0",
+                             "--management-port", "0", "--metrics-port", "0", *args)
+    gateway.wait_ready()
+    return gateway
+
+
+@pytest.fixture(scope="session")
+def gateway(pki: DevPKIPaths, grpc_server: ServerProcess) -> Iterator[GatewayProcess]:
+    """The gateway, mutual TLS on its three planes and on its upstream hop to `grpc_server`."""
+    gateway = start_gateway(pki.folder, grpc_server.address)
+    yield gateway
+    assert gateway.stop() == 0, f"the gateway did not stop cleanly:\n{gateway.log_text()}"

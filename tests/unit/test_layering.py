@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 FORBIDDEN = {
     "engine": {"grpc", "grpc_health", "grpc_reflection", "tornado", "proto", "server", "gateway",
                "tls"},
-    "gateway": {"torch", "transformers", "engine"},
+    "gateway": {"torch", "transformers", "engine", "server"},
     "tls": {"grpc", "torch", "engine", "server", "gateway", "proto"},
 }
 
@@ -50,8 +50,10 @@ def test_package_imports_none_of_its_forbidden_dependencies(package: str) -> Non
     assert violations == []
 
 
-def test_importing_the_gateway_does_not_load_torch() -> None:
+@pytest.mark.parametrize("modules", ["gateway.app", "server.cli"])
+def test_the_gateway_and_the_command_line_do_not_load_torch(modules: str) -> None:
+    """`switchboard gateway` runs through server.cli: neither may pull in torch."""
     result = subprocess.run(
-        [sys.executable, "-c", "import gateway, sys; assert 'torch' not in sys.modules"],
+        [sys.executable, "-c", f"import {modules}, sys; assert 'torch' not in sys.modules"],
         cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr

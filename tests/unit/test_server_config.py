@@ -14,7 +14,8 @@ from engine import errors as engine_errors
 from engine.config import EngineConfig
 from engine.errors import (EngineDead, EngineError, GenerationFailed, InvalidRequest, NotFound,
                            Overloaded, PromptTooLong, RequestTimedOut)
-from server.cli import _configs, _parser
+from gateway.config import GatewayConfig, Plane, TLSMode
+from server.cli import _configs, _parser, gateway_config
 from server.config import ConfigError, ServerConfig, read_config_file, tls_files_from_settings
 from server.errors import status_for
 from tls import DevPKIPaths, TLSConfigError, TLSFiles, write_dev_pki
@@ -57,12 +58,14 @@ def pki_config(pki: DevPKIPaths, **server_overrides: object) -> dict[str, object
 
 
 def configs(*args: str) -> tuple[EngineConfig, ServerConfig]:
-    return _configs(_parser().parse_args(["serve", *args]))
+    return _configs(_parser().parse_args(["server", *args]))
 
 
 def test_mindie_config_keys_are_read_under_our_names(tmp_path: Path) -> None:
     settings = read_config_file(write_config(tmp_path, mindie_config()))
     assert settings == {
+        "http_host": "127.0.0.1",
+        "http_port": 1025,
         "https_enabled": True,
         "tls_ca_path": tmp_path / "security" / "ca",
         "tls_ca_file": ["ca.pem"],
@@ -235,3 +238,35 @@ def test_the_status_table_covers_every_engine_error_class() -> None:
     defined = {value for value in vars(engine_errors).values()
                if isinstance(value, type) and issubclass(value, EngineError)}
     assert defined == {type(error) for error, _ in ERROR_STATUSES}
+
+
+def gateway_settings(*args: str) -> GatewayConfig:
+    return gateway_config(_parser().parse_args(["gateway", *args]))
+
+
+def test_the_gateway_defaults_to_mindies_ports_with_mutual_tls_on_every_plane(
+        pki: DevPKIPaths) -> None:
+    config = gateway_settings("--tls-dir", str(pki.folder))
+    assert [(p.plane, p.host, p.port, p.tls_mode) for p in config.planes] == [
+        (Plane.BUSINESS, "127.0.0.1", 1025, TLSMode.MUTUAL),
+        (Plane.MANAGEMENT, "127.0.0.1", 1026, TLSMode.MUTUAL),
+        (Plane.METRICS, "127.0.0.1", 1027, TLSMode.MUTUAL)]
+    assert config.plane(Plane.BUSINESS).tls.cert_file == pki.server_cert
+    assert config.upstream.target == "127.0.0.1:8001"
+    assert config.upstream.tls.cert_file == pki.client_cert
+
+
+def test_gateway_ports_come_from_mindie_keys_then_flags(pki: DevPKIPaths, tmp_path: Path) -> None:
+    path = write_config(tmp_path, pki_config(pki, port=2025, managementPort=2026, metricsPort=2026,
+                                             grpcIpAddress="127.0.0.1", grpcPort=9001))
+    config = gateway_settings("--config", str(path), "--tls-dir", str(pki.folder),
+                              "--metrics-port", "2027", "--metrics-tls", "none")
+    assert [p.port for p in config.planes] == [2025, 2026, 2027]
+    assert config.plane(Plane.METRICS).tls_mode is TLSMode.NONE
+    assert config.upstream.target == "127.0.0.1:9001"
+
+
+def test_plain_http_is_refused_off_loopback(pki: DevPKIPaths) -> None:
+    with pytest.raises(ValueError, match="loopback"):
+        gateway_settings("--tls-dir", str(pki.folder), "--http-host", "0.0.0.0",
+                         "--business-tls", "none")

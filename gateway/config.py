@@ -1,0 +1,119 @@
+"""Gateway configuration: three planes (MindIE's business, management and metrics ports), each
+with its own TLS settings, and the upstream gRPC server it transcodes to."""
+
+from __future__ import annotations
+
+import enum
+import ipaddress
+import ssl
+from dataclasses import dataclass
+
+import grpc
+
+from tls import TLSFiles, TLSMaterial
+
+DEFAULT_HTTP_HOST = "127.0.0.1"
+DEFAULT_BUSINESS_PORT = 1025
+DEFAULT_MANAGEMENT_PORT = 1026
+DEFAULT_METRICS_PORT = 1027
+DEFAULT_UPSTREAM = "127.0.0.1:8001"
+DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
+
+
+class Plane(enum.Enum):
+    BUSINESS = "business"
+    MANAGEMENT = "management"
+    METRICS = "metrics"
+
+
+class TLSMode(enum.Enum):
+    """`mutual` (MindIE's default) requires a client certificate signed by the CA; `server`
+    encrypts without asking for one; `none` is plain HTTP, allowed on loopback only (a probe,
+    a scraper or a mesh sidecar that terminates TLS itself)."""
+
+    MUTUAL = "mutual"
+    SERVER = "server"
+    NONE = "none"
+
+
+@dataclass(frozen=True, slots=True)
+class PlaneConfig:
+    plane: Plane
+    host: str
+    port: int
+    tls_mode: TLSMode = TLSMode.MUTUAL
+    tls: TLSFiles | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.port, bool) or not isinstance(self.port, int) \
+                or not 0 <= self.port <= 65535:
+            raise ValueError(f"{self.plane.value} port must be in [0, 65535]; got {self.port!r}")
+        if self.tls_mode is not TLSMode.NONE and self.tls is None:
+            raise ValueError(f"the {self.plane.value} plane needs TLS files for "
+                             f"{self.tls_mode.value} TLS")
+        if self.tls_mode is TLSMode.NONE and not is_loopback(self.host):
+            raise ValueError(f"plain HTTP on the {self.plane.value} plane is allowed on a loopback "
+                             f"address only; got {self.host!r}")
+
+    @property
+    def scheme(self) -> str:
+        return "http" if self.tls_mode is TLSMode.NONE else "https"
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """TLS 1.2 at least; a client certificate required in mutual mode."""
+        if self.tls_mode is TLSMode.NONE:
+            return None
+        assert self.tls is not None
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=str(self.tls.ca_file))
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.load_cert_chain(str(self.tls.cert_file), str(self.tls.key_file))
+        context.verify_mode = (ssl.CERT_REQUIRED if self.tls_mode is TLSMode.MUTUAL
+                               else ssl.CERT_NONE)
+        return context
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamConfig:
+    """The gRPC server, reached as a client with our own certificate (None: plaintext)."""
+
+    target: str = DEFAULT_UPSTREAM
+    tls: TLSFiles | None = None
+
+    def credentials(self) -> grpc.ChannelCredentials | None:
+        if self.tls is None:
+            return None
+        material: TLSMaterial = self.tls.load()
+        return grpc.ssl_channel_credentials(root_certificates=material.ca_pem,
+                                            private_key=material.key_pem,
+                                            certificate_chain=material.cert_pem)
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayConfig:
+    planes: tuple[PlaneConfig, ...]
+    upstream: UpstreamConfig
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+
+    def __post_init__(self) -> None:
+        if sorted(plane.plane.value for plane in self.planes) != sorted(p.value for p in Plane):
+            raise ValueError("the gateway needs exactly one business, management and metrics plane")
+        for plane in self.planes:
+            for other in self.planes:
+                if (plane.host, plane.port) == (other.host, other.port) and plane.port != 0 \
+                        and (plane.tls_mode, plane.tls) != (other.tls_mode, other.tls):
+                    raise ValueError(f"the {plane.plane.value} and {other.plane.value} planes share "
+                                     f"{plane.host}:{plane.port} but not their TLS settings")
+        if self.max_body_bytes < 1:
+            raise ValueError(f"max_body_bytes must be positive; got {self.max_body_bytes}")
+
+    def plane(self, plane: Plane) -> PlaneConfig:
+        return next(config for config in self.planes if config.plane is plane)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -1,0 +1,54 @@
+"""Errors the gateway renders: its own (a body that is not the JSON the route takes) and the
+gRPC statuses of the server, mapped to HTTP statuses per protocol family."""
+
+from __future__ import annotations
+
+import grpc
+
+# KServe v2 / Triton / MindIE's Triton routes. Load refusals are 503 outside TGI (TGI: 429).
+KSERVE_HTTP_STATUS: dict[grpc.StatusCode, int] = {
+    grpc.StatusCode.INVALID_ARGUMENT: 400,
+    grpc.StatusCode.OUT_OF_RANGE: 400,
+    grpc.StatusCode.FAILED_PRECONDITION: 400,
+    grpc.StatusCode.ALREADY_EXISTS: 400,
+    grpc.StatusCode.CANCELLED: 400,
+    grpc.StatusCode.NOT_FOUND: 404,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 503,
+    grpc.StatusCode.UNAVAILABLE: 503,
+    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
+    grpc.StatusCode.UNIMPLEMENTED: 501,
+}
+# Statuses whose server message is for operators, not clients.
+OPAQUE_STATUSES = {
+    grpc.StatusCode.UNAVAILABLE: "the inference server is unavailable; retry later",
+    grpc.StatusCode.INTERNAL: "internal error",
+    grpc.StatusCode.UNKNOWN: "internal error",
+    grpc.StatusCode.DATA_LOSS: "internal error",
+}
+
+
+class RequestError(Exception):
+    """An HTTP request the gateway refuses before calling the server (status, message)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def bad_request(field: str, reason: str) -> RequestError:
+    return RequestError(400, f"{field}: {reason}" if field else reason)
+
+
+def http_status(code: grpc.StatusCode, table: dict[grpc.StatusCode, int]) -> int:
+    return table.get(code, 500)
+
+
+def client_message(code: grpc.StatusCode, details: str | None) -> str:
+    """What a client reads: the server's message naming the field, or a generic one."""
+    if code in OPAQUE_STATUSES and not (code is grpc.StatusCode.UNAVAILABLE and details
+                                        and details.startswith("the model is not ready")):
+        return OPAQUE_STATUSES[code]
+    if code is grpc.StatusCode.DEADLINE_EXCEEDED and not details:
+        return "the request timed out"
+    return details or code.name.lower()

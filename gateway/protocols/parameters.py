@@ -1,0 +1,70 @@
+"""JSON values → KServe v2 InferParameter, and MindIE's REST priority and timeout → Triton's
+reserved gRPC parameters. Ranges are the server's to check; only what changes meaning on the
+way is checked here (REST's timeout 0 and priority 0 are errors, gRPC's mean "default")."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+
+from gateway.errors import bad_request
+from proto import grpc_service_pb2 as pb
+
+INT64_MAX = 2**63 - 1
+UINT64_MAX = 2**64 - 1
+DEFAULT_TIMEOUT_S = 600.0
+MICROSECONDS = 1_000_000
+PRIORITY_RANGE = range(1, 6)
+
+
+def to_parameter(name: str, value: object) -> pb.InferParameter:
+    """bool, int, float, str; a list becomes a JSON-array string (as `stop` travels)."""
+    if isinstance(value, bool):
+        return pb.InferParameter(bool_param=value)
+    if isinstance(value, int):
+        if -INT64_MAX - 1 <= value <= INT64_MAX:
+            return pb.InferParameter(int64_param=value)
+        if INT64_MAX < value <= UINT64_MAX:
+            return pb.InferParameter(uint64_param=value)
+        raise bad_request(name, f"{value} does not fit in 64 bits")
+    if isinstance(value, float):
+        return pb.InferParameter(double_param=value)
+    if isinstance(value, str):
+        return pb.InferParameter(string_param=value)
+    if isinstance(value, list):
+        return pb.InferParameter(string_param=json.dumps(value))
+    raise bad_request(name, f"must be a number, a string, a boolean or a list; got {json_type(value)}")
+
+
+def set_parameters(target: Mapping[str, pb.InferParameter], values: Mapping[str, object]) -> float:
+    """Copy `values` (null ones are absent) into a request's parameter map, MindIE's
+    `priority` (1–5) and `timeout` (seconds) converted; returns the timeout in seconds, the
+    call's deadline."""
+    timeout_s = DEFAULT_TIMEOUT_S
+    for name, value in values.items():
+        if value is None:
+            continue
+        if name == "priority":
+            if isinstance(value, bool) or not isinstance(value, int) or value not in PRIORITY_RANGE:
+                raise bad_request("priority", f"must be an integer in [1, 5] (1 highest); got "
+                                  f"{json.dumps(value)}")
+            target[name].uint64_param = value
+        elif name == "timeout":
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise bad_request("timeout", f"must be a number of seconds in (0, 3600]; got "
+                                  f"{json.dumps(value)}")
+            timeout_s = float(value)
+            target[name].int64_param = min(round(value * MICROSECONDS), INT64_MAX)
+        else:
+            target[name].CopyFrom(to_parameter(name, value))
+    return timeout_s
+
+
+def parameter_value(parameter: pb.InferParameter) -> object:
+    choice = parameter.WhichOneof("parameter_choice")
+    return getattr(parameter, choice) if choice else None
+
+
+def json_type(value: object) -> str:
+    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean",
+            type(None): "null"}.get(type(value), "a number")

@@ -1,0 +1,115 @@
+"""Triton's generate extension as MindIE documents it: POST /v2/models/{M}/generate and
+/generate_stream ⇄ one text_input request on KServe v2 ModelStreamInfer.
+
+Request `{"id", "text_input", "parameters": {...}}` (other top-level properties are
+parameters too, as Triton's generate extension says). Response `{"id", "model_name",
+"model_version", "text_output", "details": {"finish_reason", "generated_tokens",
+"first_token_cost", "decode_cost", "perf_stat"?}}`; the stream sends one event per token
+with the running details, `prefill_time` (ms) on the first and `decode_time` (ms) on the
+others, `finish_reason` on the last.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gateway.errors import bad_request
+from gateway.protocols.kserve import optional_string, parameters_to_json, require_object
+from gateway.protocols.parameters import set_parameters
+from proto import grpc_service_pb2 as pb
+from proto.tensor_bytes import deserialize_bytes, serialize_bytes
+
+# Rendering options: they shape the reply here and are also sent on (the server accepts them).
+RENDERING_OPTIONS = ("details", "perf_stat")
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateOptions:
+    details: bool
+    perf_stat: bool
+    deadline_s: float
+
+
+def generate_request_to_pb(model: str, version: str, document: object
+                           ) -> tuple[pb.ModelInferRequest, GenerateOptions]:
+    document = require_object(document, "the body")
+    text = document.get("text_input")
+    if not isinstance(text, str):
+        raise bad_request("text_input", "must be a string")
+    parameters = dict(require_object(document.get("parameters") or {}, "parameters"))
+    for name, value in document.items():
+        if name not in ("id", "text_input", "parameters"):
+            parameters.setdefault(name, value)
+    options = {name: parameters.get(name) or False for name in RENDERING_OPTIONS}
+    for name, value in options.items():
+        if not isinstance(value, bool):
+            raise bad_request(name, "must be a boolean")
+    request = pb.ModelInferRequest(model_name=model, model_version=version,
+                                   id=optional_string(document, "id"))
+    request.inputs.add(name="text_input", datatype="BYTES", shape=[1])
+    request.raw_input_contents.append(serialize_bytes([text.encode()]))
+    deadline_s = set_parameters(request.parameters, parameters)
+    return request, GenerateOptions(deadline_s=deadline_s, **options)
+
+
+@dataclass(slots=True)
+class GenerateStream:
+    """Accumulates a generation's responses into stream events and the final reply."""
+
+    options: GenerateOptions
+    request_id: str = ""
+    model_name: str = ""
+    model_version: str = ""
+    text: list[str] = field(default_factory=list)
+    perf_stat: list[list[float]] = field(default_factory=list)
+    first_token_ms: float | None = None
+    decode_ms: float = 0.0
+    generated_tokens: int = 0
+    finish_reason: str | None = None
+
+    def add(self, response: pb.ModelInferResponse) -> dict[str, object]:
+        """Take one response; return its stream event."""
+        self.request_id, self.model_name = response.id, response.model_name
+        self.model_version = response.model_version
+        parameters = parameters_to_json(response.parameters)
+        delta = "".join(element.decode() for element in
+                        deserialize_bytes(response.raw_output_contents[0]))
+        self.text.append(delta)
+        latency_ms = parameters.get("token_latency_us", 0) / 1000
+        prefill_ms = decode_ms = None
+        if "token_id" in parameters:
+            self.perf_stat.append([parameters["token_id"], round(latency_ms, 3)])
+            if self.first_token_ms is None:
+                self.first_token_ms = prefill_ms = round(latency_ms, 3)
+            else:
+                decode_ms = round(latency_ms, 3)
+                self.decode_ms += latency_ms
+        self.generated_tokens = parameters.get("generated_tokens", len(self.perf_stat))
+        self.finish_reason = parameters.get("finish_reason")
+        details = self._details()
+        details["batch_size"] = parameters.get("batch_size")
+        details["queue_wait_time"] = parameters.get("queue_wait_us")
+        return {**self._header(), "text_output": delta, "details": details,
+                "prefill_time": prefill_ms, "decode_time": decode_ms}
+
+    def reply(self) -> dict[str, object]:
+        reply = {**self._header(), "text_output": "".join(self.text)}
+        if self.options.details:
+            reply["details"] = self._details()
+        return reply
+
+    def _header(self) -> dict[str, object]:
+        return {"id": self.request_id, "model_name": self.model_name,
+                "model_version": self.model_version}
+
+    def _details(self) -> dict[str, object]:
+        details: dict[str, object] = {
+            "generated_tokens": self.generated_tokens,
+            "first_token_cost": self.first_token_ms,
+            "decode_cost": round(self.decode_ms, 3) if len(self.perf_stat) > 1 else None,
+        }
+        if self.finish_reason is not None:
+            details["finish_reason"] = self.finish_reason
+        if self.options.perf_stat:
+            details["perf_stat"] = [list(pair) for pair in self.perf_stat]
+        return details

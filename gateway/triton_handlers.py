@@ -1,0 +1,143 @@
+"""Routes of the Triton / KServe v2 family (MindIE's EndPoint table): health, metadata, config,
+/infer, /generate, /generate_stream, stopInfer and getSlotCount."""
+
+from __future__ import annotations
+
+import grpc
+
+from gateway.errors import RequestError, bad_request
+from gateway.handler import Handler
+from gateway.protocols import kserve, triton
+from gateway.protocols.kserve import optional_string, require_object
+from gateway.sse import CONTENT_TYPE, sse_event
+from gateway.upstream import STATUS_ERRORS
+from proto import grpc_service_pb2 as pb
+from proto import switchboard_pb2 as sb
+
+METADATA_TIMEOUT_S = 10.0
+
+
+class ServerLiveHandler(Handler):
+    async def get(self) -> None:
+        response = await self.track(self.upstream.inference.ServerLive(
+            pb.ServerLiveRequest(), timeout=METADATA_TIMEOUT_S))
+        self._answer(response.live, "the server is not live")
+
+    def _answer(self, ok: bool, message: str) -> None:
+        if not ok:
+            raise RequestError(503, message)
+        self.finish()
+
+
+class ServerReadyHandler(ServerLiveHandler):
+    async def get(self) -> None:
+        response = await self.track(self.upstream.inference.ServerReady(
+            pb.ServerReadyRequest(), timeout=METADATA_TIMEOUT_S))
+        self._answer(response.ready, "the model is not ready (still loading, or stopped)")
+
+
+class ModelReadyHandler(ServerLiveHandler):
+    async def get(self, model: str, version: str | None = None) -> None:
+        response = await self.track(self.upstream.inference.ModelReady(
+            pb.ModelReadyRequest(name=model, version=version or ""), timeout=METADATA_TIMEOUT_S))
+        self._answer(response.ready, f"model {model!r} is not ready")
+
+
+class ServerMetadataHandler(Handler):
+    async def get(self) -> None:
+        response = await self.track(self.upstream.inference.ServerMetadata(
+            pb.ServerMetadataRequest(), timeout=METADATA_TIMEOUT_S))
+        self.write_json(kserve.server_metadata_json(response))
+
+
+class ModelMetadataHandler(Handler):
+    async def get(self, model: str, version: str | None = None) -> None:
+        response = await self.track(self.upstream.inference.ModelMetadata(
+            pb.ModelMetadataRequest(name=model, version=version or ""), timeout=METADATA_TIMEOUT_S))
+        self.write_json(kserve.model_metadata_json(response))
+
+
+class ModelConfigHandler(Handler):
+    async def get(self, model: str, version: str | None = None) -> None:
+        response = await self.track(self.upstream.inference.ModelConfig(
+            pb.ModelConfigRequest(name=model, version=version or ""), timeout=METADATA_TIMEOUT_S))
+        self.write_json(kserve.model_config_json(response.config))
+
+
+class InferHandler(Handler):
+    async def post(self, model: str, version: str | None = None) -> None:
+        document, binary = kserve.split_body(self.body,
+                                             self.request.headers.get(kserve.HEADER_LENGTH))
+        request, options, deadline_s = kserve.infer_request_to_pb(model, version or "", document,
+                                                                  binary)
+        response = await self.track(self.upstream.inference.ModelInfer(request, timeout=deadline_s))
+        reply = kserve.infer_response_to_http(response, options)
+        if reply.header_length is None:
+            self.set_header("Content-Type", "application/json")
+        else:
+            self.set_header("Content-Type", "application/octet-stream")
+            self.set_header(kserve.HEADER_LENGTH, str(reply.header_length))
+        self.finish(reply.body)
+
+
+class GenerateHandler(Handler):
+    """/generate: the stream's responses aggregated into one reply."""
+
+    async def post(self, model: str, version: str | None = None) -> None:
+        request, options = triton.generate_request_to_pb(model, version or "",
+                                                         kserve.parse_json(self.body))
+        stream = triton.GenerateStream(options)
+        async for response in self.track(self._stream_call(request, options)):
+            stream.add(response.infer_response)
+        self.write_json(stream.reply())
+
+    def _stream_call(self, request: pb.ModelInferRequest,
+                     options: triton.GenerateOptions) -> grpc.aio.StreamStreamCall:
+        return self.upstream.inference.ModelStreamInfer(iter([request]), timeout=options.deadline_s,
+                                                        metadata=STATUS_ERRORS)
+
+
+class GenerateStreamHandler(GenerateHandler):
+    """/generate_stream: one SSE event per token. An error before the first event is an HTTP
+    error; after it, an `{"error": ...}` event ends the stream (Triton's generate extension)."""
+
+    async def post(self, model: str, version: str | None = None) -> None:
+        request, options = triton.generate_request_to_pb(model, version or "",
+                                                         kserve.parse_json(self.body))
+        stream = triton.GenerateStream(options)
+        call = self.track(self._stream_call(request, options))
+        responses = aiter(call)
+        first = await anext(responses)
+        self.set_header("Content-Type", CONTENT_TYPE)
+        self.set_header("Cache-Control", "no-cache")
+        if not await self.write_chunk(sse_event(stream.add(first.infer_response))):
+            return
+        try:
+            async for response in responses:
+                if not await self.write_chunk(sse_event(stream.add(response.infer_response))):
+                    return
+        except grpc.aio.AioRpcError as error:
+            if error.code() is grpc.StatusCode.CANCELLED:
+                return
+            self.log_exception(type(error), error, None)
+            await self.write_chunk(sse_event(self.error_body(*self.describe_error(error, 500))))
+        self.finish()
+
+
+class StopInferHandler(Handler):
+    async def post(self, model: str, version: str | None = None) -> None:
+        document = require_object(kserve.parse_json(self.body), "the body")
+        request_id = optional_string(document, "id")
+        if not request_id:
+            raise bad_request("id", "is required: the id of the request to stop")
+        response = await self.track(self.upstream.management.StopInfer(
+            sb.StopInferRequest(model_name=model, id=request_id), timeout=METADATA_TIMEOUT_S))
+        self.write_json({"id": request_id, "num_stopped": response.num_stopped})
+
+
+class SlotCountHandler(Handler):
+    async def get(self, model: str) -> None:
+        response = await self.track(self.upstream.management.GetSlotCount(
+            sb.GetSlotCountRequest(model_name=model), timeout=METADATA_TIMEOUT_S))
+        self.write_json({"total_slots": response.total_slots, "free_slots": response.free_slots,
+                         "available_tokens_length": response.available_tokens_length})
