@@ -12,6 +12,8 @@ KSERVE_HTTP_STATUS: dict[grpc.StatusCode, int] = {
     grpc.StatusCode.FAILED_PRECONDITION: 400,
     grpc.StatusCode.ALREADY_EXISTS: 400,
     grpc.StatusCode.CANCELLED: 400,
+    grpc.StatusCode.UNAUTHENTICATED: 401,
+    grpc.StatusCode.PERMISSION_DENIED: 403,
     grpc.StatusCode.NOT_FOUND: 404,
     grpc.StatusCode.RESOURCE_EXHAUSTED: 503,
     grpc.StatusCode.UNAVAILABLE: 503,

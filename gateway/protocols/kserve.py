@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from google.protobuf import json_format
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
 from gateway.errors import RequestError, bad_request
 from gateway.protocols.parameters import json_type, parameter_value, set_parameters
@@ -26,6 +27,7 @@ from proto.tensor_bytes import deserialize_bytes, serialize_bytes
 HEADER_LENGTH = "Inference-Header-Content-Length"
 # Extensions of the REST front on top of what the server reports.
 REST_EXTENSIONS = ("binary_tensor_data", "generate")
+INT64_TYPES = (FieldDescriptor.CPPTYPE_INT64, FieldDescriptor.CPPTYPE_UINT64)
 NUMPY_TYPES = {
     "BOOL": "?", "UINT8": "u1", "UINT16": "<u2", "UINT32": "<u4", "UINT64": "<u8",
     "INT8": "i1", "INT16": "<i2", "INT32": "<i4", "INT64": "<i8",
@@ -78,7 +80,7 @@ def infer_request_to_pb(model: str, version: str, document: object, binary: byte
     document = require_object(document, "the body")
     request = pb.ModelInferRequest(model_name=model, model_version=version)
     request.id = optional_string(document, "id")
-    parameters = dict(require_object(document.get("parameters", {}), "parameters"))
+    parameters = dict(require_object(document.get("parameters") or {}, "parameters"))
     binary_default = parameters.pop("binary_data_output", False)
     if not isinstance(binary_default, bool):
         raise bad_request("parameters.binary_data_output", "must be a boolean")
@@ -156,8 +158,29 @@ def model_metadata_json(response: pb.ModelMetadataResponse) -> dict[str, object]
 
 
 def model_config_json(config: mc.ModelConfig) -> dict[str, object]:
-    """Triton's REST model config: the ModelConfig message as JSON, proto field names."""
-    return json_format.MessageToDict(config, preserving_proto_field_name=True)
+    """Triton's REST model config: the ModelConfig message as JSON, proto field names, 64-bit
+    integers as numbers (protobuf's JSON writes them as strings; Triton converts them back)."""
+    document = json_format.MessageToDict(config, preserving_proto_field_name=True)
+    return _int64_as_numbers(config.DESCRIPTOR, document)
+
+
+def _int64_as_numbers(descriptor: Descriptor, document: dict[str, object]) -> dict[str, object]:
+    for name, value in document.items():
+        field = descriptor.fields_by_name.get(name)
+        if field is None:
+            continue
+        if field.message_type is not None:
+            if field.message_type.GetOptions().map_entry:
+                value_field = field.message_type.fields_by_name["value"]
+                if value_field.message_type is not None:
+                    for item in value.values():
+                        _int64_as_numbers(value_field.message_type, item)
+            else:
+                for item in value if isinstance(value, list) else [value]:
+                    _int64_as_numbers(field.message_type, item)
+        elif field.cpp_type in INT64_TYPES:
+            document[name] = [int(v) for v in value] if isinstance(value, list) else int(value)
+    return document
 
 
 def require_object(value: object, what: str) -> dict[str, object]:
@@ -212,8 +235,9 @@ def _encode(name: str, datatype: str, data: object) -> bytes:
     numpy_type = NUMPY_TYPES.get(datatype)
     if numpy_type is None:
         raise bad_request(f"{name}.datatype", f"unknown datatype {datatype!r}")
-    if not all(isinstance(value, (int, float)) for value in values):
-        raise bad_request(name, f"{datatype} data must be numbers")
+    if not all(isinstance(value, (int, float)) and (datatype == "BOOL") == isinstance(value, bool)
+               for value in values):
+        raise bad_request(name, f"{datatype} data must be {'booleans' if datatype == 'BOOL' else 'numbers'}")
     target = np.dtype(numpy_type)
     if target.kind in "ui":
         info = np.iinfo(target)

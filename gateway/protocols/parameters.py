@@ -5,6 +5,7 @@ way is checked here (REST's timeout 0 and priority 0 are errors, gRPC's mean "de
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 
 from gateway.errors import bad_request
@@ -50,7 +51,8 @@ def set_parameters(target: Mapping[str, pb.InferParameter], values: Mapping[str,
                                   f"{json.dumps(value)}")
             target[name].uint64_param = value
         elif name == "timeout":
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or not 0 < value < math.inf:
                 raise bad_request("timeout", f"must be a number of seconds in (0, 3600]; got "
                                   f"{json.dumps(value)}")
             timeout_s = float(value)

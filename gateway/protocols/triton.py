@@ -40,7 +40,8 @@ def generate_request_to_pb(model: str, version: str, document: object
     for name, value in document.items():
         if name not in ("id", "text_input", "parameters"):
             parameters.setdefault(name, value)
-    options = {name: parameters.get(name) or False for name in RENDERING_OPTIONS}
+    options = {name: False if parameters.get(name) is None else parameters[name]
+               for name in RENDERING_OPTIONS}
     for name, value in options.items():
         if not isinstance(value, bool):
             raise bad_request(name, "must be a boolean")

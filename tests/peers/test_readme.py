@@ -1,5 +1,5 @@
-"""The README's grpcurl call and tritonclient snippet work as written (against a test server:
-its address and certificate folder replace 127.0.0.1:8001 and tls/dev/)."""
+"""The README's grpcurl call, curl calls and tritonclient snippets work as written (against test
+processes: their addresses and certificate folder replace the default ones and tls/dev/)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,30 @@ def snippet(section: str, language: str) -> str:
 
 def localize(code: str, server, pki) -> str:
     return code.replace("127.0.0.1:8001", server.address).replace("tls/dev/", f"{pki.folder}/")
+
+
+def localize_gateway(code: str, gateway, pki) -> str:
+    business, management = gateway.url("business"), gateway.url("management")
+    return (code.replace("https://127.0.0.1:1025", business)
+            .replace("https://127.0.0.1:1026", management)
+            .replace('"127.0.0.1:1025"', f'"{business.removeprefix("https://")}"')
+            .replace("tls/dev/", f"{pki.folder}/"))
+
+
+def test_readme_curl_calls_answer(gateway, pki) -> None:
+    command = localize_gateway(snippet("### curl, over the gateway", "sh"), gateway, pki)
+    ran = subprocess.run(["bash", "-ec", command], capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.count("Paris") == 2, ran.stdout  # /generate and /generate_stream
+    assert '"text_output"' in ran.stdout and '"output0"' in ran.stdout
+    assert '"total_slots"' in ran.stdout
+
+
+def test_readme_tritonclient_http_snippet_runs(gateway, pki) -> None:
+    code = localize_gateway(snippet("### tritonclient.http", "python"), gateway, pki)
+    ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.startswith("[["), ran.stdout
 
 
 def test_readme_grpcurl_call_answers_paris(grpc_server, pki) -> None:

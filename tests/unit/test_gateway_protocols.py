@@ -1,0 +1,442 @@
+"""The gateway's pure translations: KServe v2 REST (JSON + binary tensor extension) and
+MindIE's generate routes ⇄ KServe v2 gRPC messages, the parameter conversions, the gRPC status
+→ HTTP table and SSE framing. No network; server replies are built by hand."""
+
+from __future__ import annotations
+
+import json
+
+import grpc
+import numpy as np
+import pytest
+
+from gateway.errors import KSERVE_HTTP_STATUS, RequestError, client_message, http_status
+from gateway.protocols import kserve, triton
+from gateway.protocols.parameters import set_parameters, to_parameter
+from gateway.sse import sse_event
+from proto import grpc_service_pb2 as pb
+from proto import model_config_pb2 as mc
+from proto.tensor_bytes import deserialize_bytes, serialize_bytes
+
+UINT32_MAX = 2**32 - 1
+
+
+def refused(call, *args) -> str:
+    """`call(*args)` must refuse the request with a 400; returns the message."""
+    with pytest.raises(RequestError) as info:
+        call(*args)
+    assert info.value.status == 400
+    return info.value.message
+
+
+def infer(document: object, binary: bytes = b"") -> tuple[pb.ModelInferRequest,
+                                                          kserve.OutputOptions, float]:
+    return kserve.infer_request_to_pb("smollm2", "", document, binary)
+
+
+def uint32_input(data: object = None, **extra: object) -> dict[str, object]:
+    tensor = {"name": "input0", "datatype": "UINT32", "shape": [1, 3], **extra}
+    if data is not None:
+        tensor["data"] = data
+    return tensor
+
+
+def server_response(*outputs: tuple[str, str, list[int], bytes]) -> pb.ModelInferResponse:
+    response = pb.ModelInferResponse(model_name="smollm2", model_version="1", id="a")
+    for name, datatype, shape, raw in outputs:
+        response.outputs.add(name=name, datatype=datatype, shape=shape)
+        response.raw_output_contents.append(raw)
+    return response
+
+
+# --- KServe /infer ---------------------------------------------------------------------------
+
+def test_tritonclient_binary_body_round_trips() -> None:
+    """What tritonclient.http sends by default: JSON header, then the ids as raw UINT32."""
+    header = json.dumps({
+        "id": "req-1",
+        "inputs": [uint32_input(parameters={"binary_data_size": 12})],
+        "outputs": [{"name": "output0", "parameters": {"binary_data": True}}],
+        "parameters": {"binary_data_output": True, "max_new_tokens": 4},
+    }).encode()
+    body = header + np.array([[1, 2, 70000]], dtype="<u4").tobytes()
+
+    document, binary = kserve.split_body(body, str(len(header)))
+    request, options, deadline_s = infer(document, binary)
+
+    assert (request.model_name, request.model_version, request.id) == ("smollm2", "", "req-1")
+    (tensor,) = request.inputs
+    assert (tensor.name, tensor.datatype, list(tensor.shape)) == ("input0", "UINT32", [1, 3])
+    assert np.frombuffer(request.raw_input_contents[0], "<u4").tolist() == [1, 2, 70000]
+    assert [output.name for output in request.outputs] == ["output0"]
+    # binary_data_output is the gateway's rendering option, not a model parameter.
+    assert dict(request.parameters) == {"max_new_tokens": pb.InferParameter(int64_param=4)}
+    assert deadline_s == 600.0
+
+    response = server_response(("output0", "UINT32", [1, 2], np.array([7, 8], "<u4").tobytes()))
+    response.parameters["finish_reason"].string_param = "length"
+    response.parameters["seed"].uint64_param = 2**64 - 1
+    reply = kserve.infer_response_to_http(response, options)
+
+    assert reply.header_length is not None
+    head = json.loads(reply.body[:reply.header_length])
+    assert head == {"model_name": "smollm2", "model_version": "1", "id": "a",
+                    "parameters": {"finish_reason": "length", "seed": 2**64 - 1},
+                    "outputs": [{"name": "output0", "datatype": "UINT32", "shape": [1, 2],
+                                 "parameters": {"binary_data_size": 8}}]}
+    assert np.frombuffer(reply.body[reply.header_length:], "<u4").tolist() == [7, 8]
+
+
+def test_binary_inputs_take_their_bytes_in_order_and_mix_with_json_data() -> None:
+    first, second = np.array([1, 2], "<u4").tobytes(), np.array([3], "<u4").tobytes()
+    request, _, _ = infer({"inputs": [
+        {"name": "a", "datatype": "UINT32", "shape": [2], "parameters": {"binary_data_size": 8}},
+        {"name": "b", "datatype": "UINT32", "shape": [2], "data": [9, 9]},
+        {"name": "c", "datatype": "UINT32", "shape": [1], "parameters": {"binary_data_size": 4}},
+    ]}, first + second)
+    assert [np.frombuffer(raw, "<u4").tolist() for raw in request.raw_input_contents] == \
+        [[1, 2], [9, 9], [3]]
+
+
+@pytest.mark.parametrize("data", [[1, 2, UINT32_MAX], [[1, 2, UINT32_MAX]]], ids=["flat", "nested"])
+def test_json_uint32_data_is_encoded_little_endian(data: list[object]) -> None:
+    request, options, _ = infer({"inputs": [uint32_input(data)]})
+    assert request.raw_input_contents[0] == np.array([1, 2, UINT32_MAX], "<u4").tobytes()
+    assert not options.is_binary("output0")
+
+
+@pytest.mark.parametrize("data", [["hi", "thé"], [["hi", "thé"]]], ids=["flat", "nested"])
+def test_json_bytes_data_is_length_prefixed(data: list[object]) -> None:
+    request, _, _ = infer({"inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1, 2],
+                                       "data": data}]})
+    raw = request.raw_input_contents[0]
+    assert raw == b"\x02\x00\x00\x00hi\x04\x00\x00\x00th\xc3\xa9"
+    assert deserialize_bytes(raw) == [b"hi", "thé".encode()]
+
+
+def test_json_response_renders_uint32_as_ints_and_bytes_as_strings() -> None:
+    _, options, _ = infer({"inputs": [uint32_input([1, 2, 3])]})
+    response = server_response(
+        ("output0", "UINT32", [1, 2], np.array([7, UINT32_MAX], "<u4").tobytes()),
+        ("text_output", "BYTES", [1], serialize_bytes(["héllo".encode()])))
+    reply = kserve.infer_response_to_http(response, options)
+    assert reply.header_length is None
+    outputs = json.loads(reply.body)["outputs"]
+    assert outputs == [
+        {"name": "output0", "datatype": "UINT32", "shape": [1, 2], "data": [7, UINT32_MAX]},
+        {"name": "text_output", "datatype": "BYTES", "shape": [1], "data": ["héllo"]}]
+
+
+def test_binary_data_per_output_overrides_the_default() -> None:
+    _, options, _ = infer({"inputs": [uint32_input([1, 2, 3])],
+                           "parameters": {"binary_data_output": True},
+                           "outputs": [{"name": "text_output",
+                                        "parameters": {"binary_data": False}}]})
+    response = server_response(
+        ("output0", "UINT32", [1, 1], np.array([5], "<u4").tobytes()),
+        ("text_output", "BYTES", [1], serialize_bytes([b"x"])))
+    reply = kserve.infer_response_to_http(response, options)
+    head = json.loads(reply.body[:reply.header_length])
+    assert [output.get("data") for output in head["outputs"]] == [None, ["x"]]
+    assert reply.body[reply.header_length:] == np.array([5], "<u4").tobytes()
+
+
+def test_split_body_without_header_length_is_all_json() -> None:
+    assert kserve.split_body(b'{"a": 1}', None) == ({"a": 1}, b"")
+
+
+@pytest.mark.parametrize("header_length", ["abc", "1.5", "0", "-1", "13"])
+def test_split_body_refuses_a_bad_header_length(header_length: str) -> None:
+    message = refused(kserve.split_body, b'{"a": 1}xyzw', header_length)  # 12 bytes
+    assert message.startswith("Inference-Header-Content-Length:")
+
+
+@pytest.mark.parametrize(("body", "header_length"), [
+    (b"{not json", None), (b'{"a": "\xff"}', None), (b'{"a": 1}', "4")])
+def test_split_body_refuses_invalid_json(body: bytes, header_length: str | None) -> None:
+    assert "not valid JSON" in refused(kserve.split_body, body, header_length)
+
+
+BINARY_12 = np.array([1, 2, 3], "<u4").tobytes()
+
+
+@pytest.mark.parametrize(("document", "binary", "field"), [
+    ([], b"", "the body"),
+    ({}, b"", "inputs"),
+    ({"inputs": []}, b"", "inputs"),
+    ({"inputs": {"name": "input0"}}, b"", "inputs"),
+    ({"inputs": ["input0"]}, b"", "inputs[0]"),
+    ({"inputs": [{"datatype": "UINT32", "shape": [3], "data": [1]}]}, b"", "inputs[0].name"),
+    ({"inputs": [{"name": "input0", "shape": [3], "data": [1]}]}, b"", "input0.datatype"),
+    ({"inputs": [{"name": "input0", "datatype": "UINT32", "data": [1]}]}, b"", "input0.shape"),
+    ({"inputs": [uint32_input([1], shape=[1.5])]}, b"", "input0.shape"),
+    ({"inputs": [uint32_input()]}, b"", "input0"),
+    ({"inputs": [uint32_input(parameters={"binary_data_size": 16})]}, BINARY_12,
+     "input0.parameters.binary_data_size"),
+    ({"inputs": [uint32_input(parameters={"binary_data_size": -4})]}, BINARY_12,
+     "input0.parameters.binary_data_size"),
+    ({"inputs": [uint32_input(parameters={"binary_data_size": 8})]}, BINARY_12, "inputs"),
+    ({"inputs": [uint32_input([1, 2, 3])]}, BINARY_12, "inputs"),
+    ({"inputs": [uint32_input([1, -1, 3])]}, b"", "input0"),
+    ({"inputs": [uint32_input([1, 2**32, 3])]}, b"", "input0"),
+    ({"inputs": [uint32_input([1, 2.5, 3])]}, b"", "input0"),
+    ({"inputs": [uint32_input(["1"])]}, b"", "input0"),
+    ({"inputs": [{"name": "t", "datatype": "BYTES", "shape": [1], "data": [1]}]}, b"", "t"),
+    ({"inputs": [uint32_input([1], datatype="UINT128")]}, b"", "input0.datatype"),
+    ({"inputs": [uint32_input([1])], "outputs": {"name": "output0"}}, b"", "outputs"),
+    ({"inputs": [uint32_input([1])], "outputs": [{}]}, b"", "outputs[0].name"),
+    ({"inputs": [uint32_input([1])], "outputs": [{"name": "o", "parameters": {"binary_data": 1}}]},
+     b"", "outputs[0].parameters.binary_data"),
+    ({"inputs": [uint32_input([1])], "parameters": {"binary_data_output": "yes"}}, b"",
+     "parameters.binary_data_output"),
+    ({"inputs": [uint32_input([1])], "parameters": [1]}, b"", "parameters"),
+    ({"inputs": [uint32_input([1])], "id": 7}, b"", "id"),
+    ({"inputs": [uint32_input([1])], "parameters": {"stop": {"a": 1}}}, b"", "stop"),
+])
+def test_infer_refuses_a_bad_body_naming_the_field(document: object, binary: bytes,
+                                                  field: str) -> None:
+    assert refused(infer, document, binary).startswith(f"{field}: ")
+
+
+def test_leftover_binary_bytes_are_counted() -> None:
+    document = {"inputs": [uint32_input(parameters={"binary_data_size": 8})]}
+    assert "4 bytes of binary data are not claimed" in refused(infer, document, BINARY_12)
+
+
+def test_metadata_and_config_json() -> None:
+    server = pb.ServerMetadataResponse(name="switchboard", version="0.1", extensions=["parameters"])
+    assert kserve.server_metadata_json(server) == {
+        "name": "switchboard", "version": "0.1",
+        "extensions": ["parameters", "binary_tensor_data", "generate"]}
+    model = pb.ModelMetadataResponse(name="smollm2", versions=["1"], platform="switchboard")
+    model.inputs.add(name="input0", datatype="UINT32", shape=[1, -1])
+    model.outputs.add(name="text_output", datatype="BYTES", shape=[1])
+    assert kserve.model_metadata_json(model) == {
+        "name": "smollm2", "versions": ["1"], "platform": "switchboard",
+        "inputs": [{"name": "input0", "datatype": "UINT32", "shape": [1, -1]}],
+        "outputs": [{"name": "text_output", "datatype": "BYTES", "shape": [1]}]}
+    config = mc.ModelConfig(name="smollm2", input=[mc.ModelInput(name="input0",
+                                                                 data_type=mc.TYPE_UINT32)])
+    assert kserve.model_config_json(config) == {
+        "name": "smollm2", "input": [{"name": "input0", "data_type": "TYPE_UINT32"}]}
+
+
+def test_model_config_dims_are_numbers_as_triton_renders_them() -> None:
+    config = mc.ModelConfig(name="smollm2", input=[mc.ModelInput(
+        name="input0", data_type=mc.TYPE_UINT32, dims=[-1])])
+    assert kserve.model_config_json(config)["input"][0]["dims"] == [-1]
+
+
+# --- parameters ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("value", "expected"), [
+    (True, pb.InferParameter(bool_param=True)),
+    (5, pb.InferParameter(int64_param=5)),
+    (-2**63, pb.InferParameter(int64_param=-2**63)),
+    (2**63 - 1, pb.InferParameter(int64_param=2**63 - 1)),
+    (2**63, pb.InferParameter(uint64_param=2**63)),
+    (2**64 - 1, pb.InferParameter(uint64_param=2**64 - 1)),
+    (0.5, pb.InferParameter(double_param=0.5)),
+    ("x", pb.InferParameter(string_param="x")),
+    (["\n\n", "END"], pb.InferParameter(string_param='["\\n\\n", "END"]')),
+])
+def test_to_parameter_picks_the_type(value: object, expected: pb.InferParameter) -> None:
+    assert to_parameter("seed", value) == expected
+
+
+@pytest.mark.parametrize(("value", "reason"), [
+    (2**64, "does not fit in 64 bits"), (-2**63 - 1, "does not fit in 64 bits"),
+    ({"a": 1}, "got an object")])
+def test_to_parameter_refuses_naming_the_field(value: object, reason: str) -> None:
+    message = refused(to_parameter, "seed", value)
+    assert message.startswith("seed: ") and reason in message
+
+
+def test_set_parameters_converts_priority_and_timeout_and_skips_nulls() -> None:
+    request = pb.ModelInferRequest()
+    deadline_s = set_parameters(request.parameters, {"priority": 1, "timeout": 2.5, "top_k": None})
+    assert dict(request.parameters) == {"priority": pb.InferParameter(uint64_param=1),
+                                        "timeout": pb.InferParameter(int64_param=2_500_000)}
+    assert deadline_s == 2.5
+    assert set_parameters(pb.ModelInferRequest().parameters, {"seed": 1}) == 600.0
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("priority", 0), ("priority", 6), ("priority", "1"), ("priority", True), ("priority", 2.0),
+    ("timeout", 0), ("timeout", -1), ("timeout", "10"), ("timeout", True), ("timeout", float("nan")),
+])
+def test_set_parameters_refuses_mindie_priority_and_timeout(name: str, value: object) -> None:
+    assert refused(set_parameters, pb.ModelInferRequest().parameters, {name: value}) \
+        .startswith(f"{name}: ")
+
+
+# --- MindIE /generate ------------------------------------------------------------------------
+
+MINDIE_EXAMPLE = {"id": "a123", "text_input": "My name is Olivier and I", "parameters": {
+    "details": True, "do_sample": True, "max_new_tokens": 20, "repetition_penalty": 1.03,
+    "seed": 5, "temperature": 0.5, "top_k": 10, "top_p": 0.95, "batch_size": 1, "typical_p": 0.5,
+    "watermark": False, "perf_stat": True, "priority": 5, "timeout": 10}}
+
+
+def test_mindie_generate_example_translates_with_typed_parameters() -> None:
+    request, options = triton.generate_request_to_pb("smollm2", "1", MINDIE_EXAMPLE)
+    assert (request.model_name, request.model_version, request.id) == ("smollm2", "1", "a123")
+    (tensor,) = request.inputs
+    assert (tensor.name, tensor.datatype, list(tensor.shape)) == ("text_input", "BYTES", [1])
+    assert deserialize_bytes(request.raw_input_contents[0]) == [b"My name is Olivier and I"]
+    assert options == triton.GenerateOptions(details=True, perf_stat=True, deadline_s=10.0)
+    P = pb.InferParameter
+    assert dict(request.parameters) == {
+        "details": P(bool_param=True), "do_sample": P(bool_param=True),
+        "max_new_tokens": P(int64_param=20), "repetition_penalty": P(double_param=1.03),
+        "seed": P(int64_param=5), "temperature": P(double_param=0.5), "top_k": P(int64_param=10),
+        "top_p": P(double_param=0.95), "batch_size": P(int64_param=1),
+        "typical_p": P(double_param=0.5), "watermark": P(bool_param=False),
+        "perf_stat": P(bool_param=True), "priority": P(uint64_param=5),
+        "timeout": P(int64_param=10_000_000)}
+
+
+def test_generate_top_level_properties_are_parameters_the_object_wins() -> None:
+    request, options = triton.generate_request_to_pb("m", "", {
+        "text_input": "x", "seed": 2**63, "top_k": 3, "details": True, "parameters": {"top_k": 4}})
+    assert request.parameters["seed"] == pb.InferParameter(uint64_param=2**63)
+    assert request.parameters["top_k"].int64_param == 4
+    assert options == triton.GenerateOptions(details=True, perf_stat=False, deadline_s=600.0)
+
+
+@pytest.mark.parametrize(("document", "field"), [
+    ([], "the body"),
+    ({}, "text_input"),
+    ({"text_input": 5}, "text_input"),
+    ({"text_input": "x", "parameters": "top_k=1"}, "parameters"),
+    ({"text_input": "x", "id": 5}, "id"),
+    ({"text_input": "x", "parameters": {"details": "yes"}}, "details"),
+    ({"text_input": "x", "details": 1}, "details"),
+    ({"text_input": "x", "parameters": {"perf_stat": "true"}}, "perf_stat"),
+    *(({"text_input": "x", "parameters": {"priority": value}}, "priority")
+      for value in (0, 6, "1", True)),
+    *(({"text_input": "x", "parameters": {"timeout": value}}, "timeout") for value in (0, -1, "10")),
+    ({"text_input": "x", "parameters": {"seed": 2**64}}, "seed"),
+    ({"text_input": "x", "parameters": {"stop": {"a": 1}}}, "stop"),
+])
+def test_generate_refuses_a_bad_body_naming_the_field(document: object, field: str) -> None:
+    assert refused(triton.generate_request_to_pb, "m", "", document).startswith(f"{field}: ")
+
+
+@pytest.mark.parametrize("value", [0, ""], ids=["zero", "empty-string"])
+def test_generate_refuses_falsy_non_boolean_details(value: object) -> None:
+    refused(triton.generate_request_to_pb, "m", "", {"text_input": "x", "details": value})
+
+
+def test_timeout_overflowing_to_infinity_is_a_400() -> None:
+    document = kserve.parse_json(b'{"text_input": "x", "parameters": {"timeout": 1e400}}')
+    refused(triton.generate_request_to_pb, "m", "", document)
+
+
+# --- MindIE /generate_stream accumulation ----------------------------------------------------
+
+def generated(text: str, token_id: int | None = None, latency_us: int | None = None,
+              **parameters: object) -> pb.ModelInferResponse:
+    response = server_response(("text_output", "BYTES", [1], serialize_bytes([text.encode()])))
+    if token_id is not None:
+        response.parameters["token_id"].int64_param = token_id
+    if latency_us is not None:
+        response.parameters["token_latency_us"].int64_param = latency_us
+        response.parameters["batch_size"].int64_param = 2
+        response.parameters["queue_wait_us"].int64_param = 150
+    for name, value in parameters.items():
+        response.parameters[name].CopyFrom(to_parameter(name, value))
+    return response
+
+
+# Three tokens, then the final response of a request stopped by a stop sequence: no token.
+STREAM = [generated("Hello", 5, 12_000), generated(" wor", 6, 3_000), generated("ld!", 7, 2_500),
+          generated("", finish_reason="stop", generated_tokens=3)]
+
+
+def run(options: triton.GenerateOptions) -> tuple[list[dict[str, object]], dict[str, object]]:
+    stream = triton.GenerateStream(options)
+    events = [stream.add(response) for response in STREAM]
+    return events, stream.reply()
+
+
+def test_stream_events_carry_running_details() -> None:
+    events, _ = run(triton.GenerateOptions(details=False, perf_stat=True, deadline_s=600.0))
+    assert [(e["text_output"], e["prefill_time"], e["decode_time"]) for e in events] == [
+        ("Hello", 12.0, None), (" wor", None, 3.0), ("ld!", None, 2.5), ("", None, None)]
+    assert [e["details"]["generated_tokens"] for e in events] == [1, 2, 3, 3]
+    assert [e["details"].get("finish_reason") for e in events] == [None, None, None, "stop"]
+    assert [e["details"]["decode_cost"] for e in events] == [None, 3.0, 5.5, 5.5]
+    assert events[0]["details"] == {
+        "generated_tokens": 1, "first_token_cost": 12.0, "decode_cost": None,
+        "perf_stat": [[5, 12.0]], "batch_size": 2, "queue_wait_time": 150}
+    assert events[-1]["details"]["perf_stat"] == [[5, 12.0], [6, 3.0], [7, 2.5]]
+    assert all(e["id"] == "a" and e["model_name"] == "smollm2" and e["model_version"] == "1"
+               for e in events)
+
+
+@pytest.mark.parametrize(("details", "perf_stat"), [(False, False), (True, False), (True, True)])
+def test_stream_reply_shows_details_and_perf_stat_only_when_asked(details: bool,
+                                                                 perf_stat: bool) -> None:
+    _, reply = run(triton.GenerateOptions(details=details, perf_stat=perf_stat, deadline_s=1.0))
+    expected: dict[str, object] = {"id": "a", "model_name": "smollm2", "model_version": "1",
+                                   "text_output": "Hello world!"}
+    if details:
+        expected["details"] = {"generated_tokens": 3, "first_token_cost": 12.0,
+                               "decode_cost": 5.5, "finish_reason": "stop"}
+        if perf_stat:
+            expected["details"]["perf_stat"] = [[5, 12.0], [6, 3.0], [7, 2.5]]
+    assert reply == expected
+
+
+def test_request_stopped_before_any_token() -> None:
+    stream = triton.GenerateStream(triton.GenerateOptions(True, True, 600.0))
+    event = stream.add(generated("", finish_reason="stop", generated_tokens=0))
+    assert (event["prefill_time"], event["decode_time"]) == (None, None)
+    assert stream.reply()["details"] == {"generated_tokens": 0, "first_token_cost": None,
+                                         "decode_cost": None, "finish_reason": "stop",
+                                         "perf_stat": []}
+
+
+def test_last_token_carrying_the_finish_reason_counts_as_a_token() -> None:
+    stream = triton.GenerateStream(triton.GenerateOptions(True, True, 600.0))
+    stream.add(generated("a", 1, 1_000))
+    last = stream.add(generated("b", 2, 2_000, finish_reason="length", generated_tokens=2))
+    assert (last["decode_time"], last["details"]["finish_reason"]) == (2.0, "length")
+    assert stream.reply()["details"]["perf_stat"] == [[1, 1.0], [2, 2.0]]
+
+
+# --- errors and SSE ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("code", "status"), [
+    (grpc.StatusCode.INVALID_ARGUMENT, 400), (grpc.StatusCode.OUT_OF_RANGE, 400),
+    (grpc.StatusCode.CANCELLED, 400), (grpc.StatusCode.NOT_FOUND, 404),
+    (grpc.StatusCode.RESOURCE_EXHAUSTED, 503), (grpc.StatusCode.UNAVAILABLE, 503),
+    (grpc.StatusCode.DEADLINE_EXCEEDED, 504), (grpc.StatusCode.UNIMPLEMENTED, 501),
+    (grpc.StatusCode.INTERNAL, 500), (grpc.StatusCode.UNKNOWN, 500),
+])
+def test_grpc_status_maps_to_http(code: grpc.StatusCode, status: int) -> None:
+    assert http_status(code, KSERVE_HTTP_STATUS) == status
+
+
+@pytest.mark.parametrize(("code", "details", "message"), [
+    (grpc.StatusCode.INVALID_ARGUMENT, "top_k: must be >= 0", "top_k: must be >= 0"),
+    (grpc.StatusCode.INTERNAL, "Traceback: CUDA error at /opt/engine.py", "internal error"),
+    (grpc.StatusCode.UNKNOWN, "KeyError('x')", "internal error"),
+    (grpc.StatusCode.UNAVAILABLE, "failed to connect to 10.0.0.7:8001",
+     "the inference server is unavailable; retry later"),
+    (grpc.StatusCode.UNAVAILABLE, "the model is not ready: loading",
+     "the model is not ready: loading"),
+    (grpc.StatusCode.UNAVAILABLE, None, "the inference server is unavailable; retry later"),
+    (grpc.StatusCode.DEADLINE_EXCEEDED, None, "the request timed out"),
+    (grpc.StatusCode.NOT_FOUND, None, "not_found"),
+])
+def test_client_message_hides_internals(code: grpc.StatusCode, details: str | None,
+                                        message: str) -> None:
+    assert client_message(code, details) == message
+
+
+def test_sse_event_is_one_compact_utf8_line() -> None:
+    event = sse_event({"text_output": "a\nb", "é": [1, None]})
+    assert event == 'data: {"text_output":"a\\nb","é":[1,null]}\n\n'.encode()
+    assert event.count(b"\n") == 2
