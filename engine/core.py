@@ -120,7 +120,9 @@ class EngineCore:
                                                 request.num_computed_tokens)
         sampling = [chunk.request for chunk in chunks if chunk.samples]
         try:
-            sampled = sample_batch(logits, sampling, self._eos_token_ids)
+            # The runner's logits are inference tensors; penalties edit them in place.
+            with torch.inference_mode():
+                sampled = sample_batch(logits, sampling, self._eos_token_ids)
         except Exception:
             logger.exception("sampling failed for requests %s",
                              ", ".join(request.request_id for request in sampling))

@@ -68,6 +68,7 @@ class FakeRunner:
     cache: dict[int, int] = field(default_factory=dict)
     sequences: dict[str, SequenceState] = field(default_factory=dict)
 
+    @torch.inference_mode()  # as PagedRunner: its logits are inference tensors
     def execute(self, chunks: Sequence[SequenceChunk]) -> torch.Tensor:
         if self.step_delay_s:
             time.sleep(self.step_delay_s)

@@ -1,0 +1,71 @@
+"""Mutual TLS on both of the gateway's hops, with the real curl binary: no certificate or one
+from another CA fails the handshake; a gateway that cannot verify its upstream answers 503."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from conftest import start_gateway
+from gateway_clients import MODEL, curl, curl_with
+
+from tls import DevPKIPaths, write_dev_pki
+
+PLANES = ("business", "management", "metrics")
+PLANE_PATHS = {"business": f"/v2/models/{MODEL}/ready", "management": "/v2/health/live",
+               "metrics": "/metrics"}
+
+
+# curl's exit codes for a TLS session the server ends: 35 handshake, 55 send, 56 receive
+# (TLS 1.3 reports the server's "certificate required" alert on the first read or write).
+TLS_REFUSED = {35, 55, 56}
+
+
+def assert_handshake_refused(result) -> None:
+    assert result.exit_code in TLS_REFUSED, (result.exit_code, result.stderr)
+    assert result.status is None, f"got an HTTP answer: {result.status} {result.body!r}"
+
+
+@pytest.mark.parametrize("plane", PLANES)
+def test_the_real_client_certificate_is_accepted(gateway, client_files, plane) -> None:
+    reply = curl_with(client_files, gateway.url(plane) + PLANE_PATHS[plane])
+    assert (reply.exit_code, reply.status) == (0, 200), reply.stderr
+
+
+@pytest.mark.parametrize("plane", PLANES)
+def test_no_client_certificate_fails_the_handshake(gateway, client_files, plane) -> None:
+    assert_handshake_refused(curl(gateway.url(plane) + PLANE_PATHS[plane], client_files.ca))
+
+
+@pytest.mark.parametrize("plane", PLANES)
+def test_a_client_certificate_from_another_ca_fails_the_handshake(gateway, foreign_client_files,
+                                                                  plane) -> None:
+    assert_handshake_refused(curl_with(foreign_client_files,
+                                       gateway.url(plane) + PLANE_PATHS[plane]))
+
+
+@pytest.fixture(scope="module")
+def other_pki(tmp_path_factory: pytest.TempPathFactory) -> DevPKIPaths:
+    return write_dev_pki(tmp_path_factory.mktemp("other-pki"))
+
+
+@pytest.fixture(scope="module")
+def misconfigured_gateway(other_pki, grpc_server) -> Iterator:
+    """A gateway whose TLS folder is another CA's: it cannot verify the real server."""
+    gateway = start_gateway(other_pki.folder, grpc_server.address)
+    yield gateway
+    assert gateway.stop() == 0, gateway.log_text()
+
+
+def test_gateway_refuses_an_upstream_not_signed_by_its_ca(misconfigured_gateway,
+                                                          other_pki) -> None:
+    def other_client(path: str, **kwargs):
+        return curl(misconfigured_gateway.url("business") + path, other_pki.ca_cert,
+                    other_pki.client_cert, other_pki.client_key, **kwargs)
+
+    reply = other_client(f"/v2/models/{MODEL}/generate",
+                         body={"text_input": "Hi", "parameters": {"max_new_tokens": 1}})
+    assert reply.status == 503, (reply.body, misconfigured_gateway.log_text())
+    assert isinstance(reply.json()["error"], str)
+    ready = other_client("/v2/health/ready")
+    assert ready.status is not None and ready.status != 200
