@@ -69,3 +69,29 @@ def test_gateway_refuses_an_upstream_not_signed_by_its_ca(misconfigured_gateway,
     assert isinstance(reply.json()["error"], str)
     ready = other_client("/v2/health/ready")
     assert ready.status is not None and ready.status != 200
+
+
+@pytest.fixture(scope="module")
+def small_body_gateway(pki, grpc_server) -> Iterator:
+    """A gateway with a 1 KiB body limit and plain HTTP on its loopback metrics plane."""
+    gateway = start_gateway(pki.folder, grpc_server.address, "--max-body-bytes", "1024",
+                            "--metrics-tls", "none")
+    yield gateway
+    assert gateway.stop() == 0, gateway.log_text()
+
+
+def test_a_body_over_the_limit_gets_413_and_the_next_request_is_served(small_body_gateway,
+                                                                        client_files) -> None:
+    url = f"{small_body_gateway.url('business')}/v2/models/{MODEL}/generate"
+    too_big = curl_with(client_files, url, body={"text_input": "x" * 2000})
+    assert too_big.status == 413, too_big.body
+    assert "limit" in too_big.json()["error"]
+    fine = curl_with(client_files, url, body={"text_input": "Hi", "parameters": {"max_new_tokens": 2}})
+    assert fine.status == 200, fine.body
+
+
+def test_a_plane_may_serve_plain_http_on_loopback(small_body_gateway, client_files) -> None:
+    metrics = small_body_gateway.url("metrics")
+    assert metrics.startswith("http://")
+    result = curl(f"{metrics}/metrics", ca=client_files.ca)
+    assert result.status == 200 and b"switchboard_http_requests_total" in result.body
