@@ -9,6 +9,7 @@ from typing import Any
 
 import grpc
 import tornado.web
+from tornado.httputil import responses
 from tornado.iostream import StreamClosedError
 
 from gateway.errors import KSERVE_HTTP_STATUS, RequestError, client_message, http_status
@@ -82,7 +83,7 @@ class Handler(tornado.web.RequestHandler):
             return (http_status(error.code(), self.status_table),
                     client_message(error.code(), error.details()))
         if isinstance(error, tornado.web.HTTPError):
-            return error.status_code, error.log_message or self._reason
+            return error.status_code, error.log_message or responses.get(error.status_code, "error")
         return status, "internal error"
 
     def error_body(self, status: int, message: str) -> object:

@@ -125,20 +125,12 @@ def _configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerConfig]:
     """Defaults, then the config file, then command-line flags."""
     settings = read_config_file(args.config) if args.config else {}
     flags = {name: value for name, value in vars(args).items()
-             if value is not None and name not in ("command", "config", "insecure", "tls_dir",
-                                                   "log_level") and name in SERVER_FLAGS}
+             if value is not None and name in SERVER_FLAGS}
     settings.update(flags)
     settings.setdefault("cache_dir", default_cache_dir())
     engine_config = EngineConfig(**{k: v for k, v in settings.items() if k in ENGINE_SETTINGS})
     insecure = args.insecure or settings.get("https_enabled") is False
-    if insecure:
-        tls = None
-    elif args.tls_dir is not None or tls_files_from_settings(settings) is None:
-        tls = dev_files(args.tls_dir or DEFAULT_TLS_DIR, "server")
-    else:
-        tls = tls_files_from_settings(settings)
-    if tls is not None:
-        tls.load()
+    tls = None if insecure else _server_tls(args, settings)
     server_config = ServerConfig(
         model_name=settings.get("model_name", DEFAULT_MODEL_NAME),
         grpc_host=settings.get("grpc_host", DEFAULT_GRPC_HOST),
@@ -190,7 +182,8 @@ def gateway_config(args: argparse.Namespace) -> GatewayConfig:
 
 
 def _server_tls(args: argparse.Namespace, settings: dict[str, object]) -> TLSFiles:
-    """The planes' certificate: the config file's TLS keys, else the TLS folder's server files."""
+    """The server's certificate (gRPC, or the gateway's planes): the TLS folder's server files
+    when --tls-dir is given, else the config file's TLS keys, else the dev folder's."""
     files = None if args.tls_dir is not None else tls_files_from_settings(settings)
     files = files or dev_files(args.tls_dir or DEFAULT_TLS_DIR, "server")
     files.load()
@@ -205,22 +198,28 @@ def _run(args: argparse.Namespace) -> int:
     gateway_flags = [f"--{name.replace('_', '-')}={value}" for name, value in vars(args).items()
                      if value is not None and name.startswith(("http_", "management_", "metrics_",
                                                                "business_", "max_body"))]
-    stop = threading.Event()
+    done = threading.Event()  # a signal came, or a child exited
+    signals: list[int] = []
+
+    def on_signal(signum: int, _frame: object) -> None:
+        signals.append(signum)
+        done.set()
+
     for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
+        signal.signal(signum, on_signal)
     children: list[ChildProcess] = []
     try:
-        server = ServerProcess(*shared, echo=True)
+        server = ServerProcess(*shared, echo=True, on_exit=done.set)
         children.append(server)
         server.wait_ready()
         gateway = GatewayProcess(*shared, *gateway_flags, f"--upstream={server.address}",
-                                 echo=True)
+                                 echo=True, on_exit=done.set)
         children.append(gateway)
         gateway.wait_ready()
-        while not stop.wait(1.0):
-            if any(child.process.poll() is not None for child in children):
-                logger.error("a child process exited; stopping")
-                return 1
+        done.wait()
+        if not signals:
+            logger.error("a child process exited; stopping")
+            return 1
         return 0
     except RuntimeError as error:
         logger.error("%s", error)

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 SERVER_READY = re.compile(r"ready: serving model '(?P<model>[^']+)' over gRPC on "
@@ -28,8 +29,10 @@ LOG_LINES_KEPT = 400
 
 
 class ChildProcess:
-    def __init__(self, args: list[str], ready: re.Pattern[str], *, echo: bool = False) -> None:
-        """args: the `switchboard` command line after the program name."""
+    def __init__(self, args: list[str], ready: re.Pattern[str], *, echo: bool = False,
+                 on_exit: Callable[[], None] | None = None) -> None:
+        """args: the `switchboard` command line after the program name; on_exit is called (from
+        another thread) when the process's output ends, i.e. when it exits."""
         self.process = subprocess.Popen(
             [sys.executable, "-m", "server", *args],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -38,6 +41,7 @@ class ChildProcess:
         self.ready_match: re.Match[str] | None = None
         self._ready_pattern = ready
         self._echo = echo
+        self._on_exit = on_exit
         self._ready = threading.Event()
         threading.Thread(target=self._drain, daemon=True).start()
 
@@ -80,12 +84,16 @@ class ChildProcess:
                 self.ready_match = match
                 self._ready.set()
         self._ready.set()
+        if self._on_exit is not None:
+            self._on_exit()
 
 
 class ServerProcess(ChildProcess):
-    def __init__(self, *args: str, echo: bool = False) -> None:
+    def __init__(self, *args: str, echo: bool = False,
+                 on_exit: Callable[[], None] | None = None) -> None:
         """args: `switchboard server` flags beyond `--grpc-port 0`."""
-        super().__init__(["server", "--grpc-port", "0", *args], SERVER_READY, echo=echo)
+        super().__init__(["server", "--grpc-port", "0", *args], SERVER_READY, echo=echo,
+                         on_exit=on_exit)
 
     @property
     def address(self) -> str:
@@ -98,9 +106,10 @@ class ServerProcess(ChildProcess):
 
 
 class GatewayProcess(ChildProcess):
-    def __init__(self, *args: str, echo: bool = False) -> None:
+    def __init__(self, *args: str, echo: bool = False,
+                 on_exit: Callable[[], None] | None = None) -> None:
         """args: `switchboard gateway` flags (ports, --upstream, TLS)."""
-        super().__init__(["gateway", *args], GATEWAY_READY, echo=echo)
+        super().__init__(["gateway", *args], GATEWAY_READY, echo=echo, on_exit=on_exit)
 
     def url(self, plane: str) -> str:
         """The base URL of a plane: business, management or metrics."""

@@ -11,7 +11,7 @@ tritonclient.http does by default.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -246,7 +246,7 @@ def _encode(name: str, datatype: str, data: object) -> bytes:
     return np.asarray(values, dtype=target).tobytes()
 
 
-def _flatten(data: list[object]):
+def _flatten(data: list[object]) -> Iterator[object]:
     for item in data:
         if isinstance(item, list):
             yield from _flatten(item)
