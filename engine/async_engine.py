@@ -12,12 +12,13 @@ import dataclasses
 import itertools
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from engine.block_manager import BlockManager
+from engine.chat import ChatMessage, render_chat
 from engine.config import EngineConfig, EngineLimits
 from engine.core import EngineCore, EngineStats
 from engine.errors import EngineDead, InvalidRequest, Overloaded
@@ -42,6 +43,7 @@ class ModelInfo:
     eos_token_ids: frozenset[int]
     num_kv_blocks: int
     block_size: int
+    special_token_ids: frozenset[int]
 
 
 class AsyncEngine:
@@ -88,7 +90,8 @@ class AsyncEngine:
         info = ModelInfo(source=loaded.source, device=str(loaded.device),
                          dtype=str(loaded.dtype).removeprefix("torch."),
                          vocab_size=loaded.vocab_size, eos_token_ids=loaded.eos_token_ids,
-                         num_kv_blocks=num_blocks, block_size=config.block_size)
+                         num_kv_blocks=num_blocks, block_size=config.block_size,
+                         special_token_ids=frozenset(loaded.tokenizer.all_special_ids))
         return cls(core, loaded.tokenizer, limits, info,
                    max_unfinished=config.max_batch_size + config.max_queue_len,
                    num_threads=config.num_threads)
@@ -116,8 +119,15 @@ class AsyncEngine:
     def encode(self, text: str) -> list[int]:
         return self._tokenizer(text, add_special_tokens=True).input_ids
 
+    def encode_chat(self, messages: Sequence[ChatMessage]) -> list[int]:
+        return render_chat(self._tokenizer, messages)
+
     def decode(self, token_ids: list[int]) -> str:
         return self._tokenizer.decode(token_ids, skip_special_tokens=True)
+
+    def token_texts(self, token_ids: Sequence[int]) -> list[str]:
+        """Each token decoded alone, special tokens included (TGI's and OpenAI's token text)."""
+        return self._tokenizer.batch_decode([[token_id] for token_id in token_ids])
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[RequestOutput]:
         """Events for one request, the last one (of each of its n sequences, told apart by

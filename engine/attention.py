@@ -76,7 +76,7 @@ class AttentionBatch:
     positions: torch.Tensor      # [T]
     write_slots: torch.Tensor    # [T] cache slot of each new token
     groups: tuple[AttentionGroup, ...]
-    sample_index: torch.Tensor   # [S] flat index of the last token of each sampling chunk
+    sample_index: torch.Tensor   # [S] flat index of each token whose logits are returned
 
     @classmethod
     def build(cls, chunks: Sequence[SequenceChunk], block_size: int,
@@ -93,7 +93,9 @@ class AttentionBatch:
             token_ids.extend(chunk.token_ids)
             positions.extend(range(chunk.start, end))
             write_slots.append(slots_of(chunk.block_ids, end, block_size)[chunk.start:])
-            if chunk.samples:
+            if chunk.all_logits:
+                sample_index.extend(range(first, first + len(chunk.token_ids)))
+            elif chunk.samples:
                 sample_index.append(first + len(chunk.token_ids) - 1)
         members: dict[bool, list[int]] = {True: [], False: []}
         for position, chunk in enumerate(chunks):

@@ -42,7 +42,9 @@ class EngineStats:
 
 class ModelRunner(Protocol):
     def execute(self, chunks: Sequence[SequenceChunk]) -> torch.Tensor:
-        """Logits [chunks that sample, vocab] at each sampling chunk's last token."""
+        """Logits [rows, vocab], float32 on CPU, rows in chunk order: one at each token of a
+        chunk with all_logits (its last is also the sampling row when the chunk samples), one
+        at the last token of any other chunk that samples, none for the rest."""
 
 
 class EngineCore:
@@ -119,6 +121,7 @@ class EngineCore:
             self.scheduler.block_manager.commit(request.block_table, request.all_token_ids,
                                                 request.num_computed_tokens)
         sampling = [chunk.request for chunk in chunks if chunk.samples]
+        logits = self._take_prompt_logprobs(chunks, logits)
         try:
             # The runner's logits are inference tensors; penalties edit them in place.
             with torch.inference_mode():
@@ -151,7 +154,7 @@ class EngineCore:
             survived, logits, failure = self._execute([chunk])
             survivors.extend(survived)
             failed.extend(failure)
-            if survived and chunk.samples:
+            if survived and (chunk.samples or chunk.all_logits):
                 rows.append(logits)
         return survivors, torch.cat(rows) if rows else torch.empty(0), failed
 
@@ -161,7 +164,42 @@ class EngineCore:
         end = chunk.start + chunk.num_tokens
         return SequenceChunk(request_id=request.request_id,
                              token_ids=request.all_token_ids[chunk.start:end], start=chunk.start,
-                             block_ids=request.block_table.block_ids, samples=chunk.samples)
+                             block_ids=request.block_table.block_ids, samples=chunk.samples,
+                             all_logits=chunk.all_logits)
+
+    def _take_prompt_logprobs(self, chunks: Sequence[ScheduledChunk], logits: torch.Tensor
+                              ) -> torch.Tensor:
+        """Record the prompt log-probabilities in the rows of all-logits chunks; return the
+        sampler's rows: the last row of each sampling chunk, in order."""
+        all_logits = [chunk.all_logits for chunk in chunks]  # before recording changes them
+        if not any(all_logits):
+            return logits
+        sample_rows: list[int] = []
+        end = 0
+        for chunk, wanted in zip(chunks, all_logits):
+            if wanted:
+                self._record_prompt_logprobs(chunk, logits[end:end + chunk.num_tokens])
+                end += chunk.num_tokens
+            elif chunk.samples:
+                end += 1
+            if chunk.samples:
+                sample_rows.append(end - 1)
+        return logits[sample_rows]
+
+    @staticmethod
+    def _record_prompt_logprobs(chunk: ScheduledChunk, rows: torch.Tensor) -> None:
+        """rows[i]: the logits after position chunk.start + i, which give the log-probability
+        of the prompt token after it. Positions recorded before (a preempted request
+        recomputes them) are skipped."""
+        request = chunk.request
+        prompt = request.spec.prompt_token_ids
+        first = len(request.prompt_logprobs)
+        end = min(chunk.start + chunk.num_tokens, len(prompt) - 1)
+        if end <= first:
+            return
+        targets = torch.tensor(prompt[first + 1:end + 1]).unsqueeze(1)
+        logprobs = torch.log_softmax(rows[first - chunk.start:end - chunk.start], dim=-1)
+        request.prompt_logprobs.extend(logprobs.gather(1, targets).squeeze(1).tolist())
 
     def _expire(self, now: float) -> list[RequestOutput]:
         expired = [r for r in self._requests.values() if now >= r.deadline]
@@ -215,6 +253,9 @@ class EngineCore:
         """The event for what a request produced: text is emitted up to the held-back tail
         that could still start a stop string, all of it once finished."""
         sampling = request.spec.sampling
+        first_token = bool(new_token_ids) and len(request.output_token_ids) == 1
+        prompt_logprobs = (None, *request.prompt_logprobs) \
+            if sampling.prompt_logprobs and first_token else ()
         held_back = 0 if finish is not None else max(map(len, sampling.stop), default=1) - 1
         emit_to = max(request.num_emitted_chars, len(request.text) - held_back)
         delta = request.text[request.num_emitted_chars:emit_to]
@@ -230,20 +271,26 @@ class EngineCore:
             logprobs=(logprob,) if logprob is not None else (),
             num_cached_tokens=request.num_cached_tokens,
             timings=timings,
+            prompt_logprobs=prompt_logprobs,
         )
 
     @staticmethod
     def _append_text(request: Request, text: str, *, check_stops: bool) -> FinishReason | None:
-        """Add decoded text; cut it at the first stop string, if one is now complete."""
-        stops = request.spec.sampling.stop
-        search_from = max(0, len(request.text) - max(map(len, stops), default=0) + 1)
+        """Add decoded text; cut it at the first stop string, if one is now complete (after it,
+        with include_stop_str_in_output)."""
+        sampling = request.spec.sampling
+        search_from = max(0, len(request.text) - max(map(len, sampling.stop), default=0) + 1)
         request.text += text
-        if not text or not stops or not check_stops:
+        if not text or not sampling.stop or not check_stops:
             return None
-        hits = [i for i in (request.text.find(stop, search_from) for stop in stops) if i >= 0]
+        hits = [(found, stop) for found, stop in
+                ((request.text.find(stop, search_from), stop) for stop in sampling.stop)
+                if found >= 0]
         if not hits:
             return None
-        request.text = request.text[:min(hits)]
+        found, stop = min(hits)
+        request.text = request.text[:found + (len(stop) if sampling.include_stop_str_in_output
+                                              else 0)]
         return FinishReason.STOP
 
     def _finish(self, request: Request, status: RequestStatus) -> None:

@@ -69,7 +69,9 @@ def _child(request: GenerationRequest, index: int, ranked: bool) -> GenerationRe
         sampling=dataclasses.replace(
             sampling, n=1, best_of=1, seed=(sampling.seed - 1 + index) % UINT64_MAX + 1,
             # Ranking needs each chosen token's log-probability, asked for or not.
-            logprobs=(sampling.logprobs or 0) if ranked else sampling.logprobs),
+            logprobs=(sampling.logprobs or 0) if ranked else sampling.logprobs,
+            # The prompt is the same for all: one child computes its log-probabilities.
+            prompt_logprobs=sampling.prompt_logprobs and index == 0),
     )
 
 

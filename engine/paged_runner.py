@@ -32,13 +32,16 @@ class UnsupportedModel(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class SequenceChunk:
-    """Tokens to compute for one sequence: their ids, first position, and block table."""
+    """Tokens to compute for one sequence: their ids, first position, and block table.
+    samples: the logits at its last token are wanted; all_logits: those at each of its tokens
+    (for prompt log-probabilities)."""
 
     request_id: str
     token_ids: Sequence[int]
     start: int
     block_ids: Sequence[int]
     samples: bool
+    all_logits: bool = False
 
 
 class Projection:
@@ -145,8 +148,9 @@ class PagedRunner:
 
     @torch.inference_mode()
     def execute(self, chunks: Sequence[SequenceChunk]) -> torch.Tensor:
-        """Compute the chunks' tokens, writing their K/V into the cache; return the logits
-        (float32, on CPU) at the last token of every chunk that samples, in order."""
+        """Compute the chunks' tokens, writing their K/V into the cache; return logits
+        (float32, on CPU) in chunk order: at each token of a chunk with all_logits, at the
+        last token of any other chunk that samples."""
         batch = AttentionBatch.build(chunks, self._block_size, self._device)
         hidden = self._embed(batch.token_ids)
         cos, sin = self._rotary(hidden, batch.positions.unsqueeze(0))
@@ -162,8 +166,8 @@ class PagedRunner:
             hidden = hidden + layer.o_proj(attended)
             gate, up = layer.gate_up(layer.post_norm(hidden)).chunk(2, dim=-1)
             hidden = hidden + layer.down(layer.act(gate) * up)
-        last = self._final_norm(hidden[batch.sample_index])
-        return self._lm_head(last).float().cpu()
+        wanted = self._final_norm(hidden[batch.sample_index])
+        return self._lm_head(wanted).float().cpu()
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -16,9 +16,13 @@ class SamplingParams:
     what fits in maxSeqLen after the prompt; seed is always set (drawn when absent).
     Presence and frequency penalties (OpenAI's) apply to generated tokens; the repetition
     penalty (CTRL's) to prompt and generated tokens. Before min_new_tokens are generated,
-    neither EOS nor a stop token nor a stop string ends the request. logprobs: None for none,
+    neither EOS nor a stop token nor a stop string ends the request. The text ends before the
+    stop string that ended it, or after it with include_stop_str_in_output. logprobs: None for none,
     else report each chosen token's log-probability and this many top alternatives.
     n sequences are returned, the best of best_of generated (see engine/fanout.py).
+    prompt_logprobs: report each prompt token's log-probability under the model (TGI's
+    decoder_input_details) on the first token event; such a request reuses no cached prefix,
+    since every prompt position must be computed.
     """
 
     do_sample: bool
@@ -32,12 +36,14 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     stop: tuple[str, ...] = ()
+    include_stop_str_in_output: bool = False
     stop_token_ids: frozenset[int] = frozenset()
     ignore_eos: bool = False
     min_new_tokens: int = 0
     logprobs: int | None = None
     n: int = 1
     best_of: int = 1
+    prompt_logprobs: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
 
+from engine.async_engine import ModelInfo
+from engine.chat import ChatMessage
 from engine.config import EngineLimits
 from engine.core import EngineStats
 from engine.params import GenerationRequest
@@ -13,11 +15,16 @@ from engine.request import RequestOutput
 
 class EngineClient(Protocol):
     limits: EngineLimits
+    info: ModelInfo
 
     @property
     def is_healthy(self) -> bool: ...
 
     def encode(self, text: str) -> list[int]: ...
+
+    def encode_chat(self, messages: Sequence[ChatMessage]) -> list[int]: ...
+
+    def token_texts(self, token_ids: Sequence[int]) -> list[str]: ...
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[RequestOutput]: ...
 

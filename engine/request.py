@@ -67,7 +67,9 @@ class RequestOutput:
     """One step's news for one request: new tokens and the text they completed.
 
     The last event of a request has `finish_reason` set, or `error` when it ended badly.
-    `index` tells the sequences of an n > 1 request apart.
+    `index` tells the sequences of an n > 1 request apart. `prompt_logprobs`, when asked for,
+    comes on the first event with a generated token only: one entry per prompt token, the
+    log-probability of the token given those before it (None for the first).
     """
 
     request_id: str
@@ -82,6 +84,7 @@ class RequestOutput:
     num_cached_tokens: int = 0
     timings: RequestTimings | None = None
     index: int = 0
+    prompt_logprobs: tuple[float | None, ...] = ()
 
     @property
     def is_last(self) -> bool:
@@ -108,6 +111,7 @@ class Request:
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     last_token_time: float | None = None
+    prompt_logprobs: list[float] = field(default_factory=list)  # so far, of prompt tokens 1, 2, ...
 
     @property
     def request_id(self) -> str:
@@ -135,3 +139,9 @@ class Request:
     @property
     def num_uncomputed_tokens(self) -> int:
         return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def needs_prompt_logprobs(self) -> bool:
+        """Prompt log-probabilities were asked for and some are not recorded yet."""
+        return (self.spec.sampling.prompt_logprobs
+                and len(self.prompt_logprobs) < len(self.spec.prompt_token_ids) - 1)

@@ -33,6 +33,14 @@ class ScheduledChunk:
         """The chunk reaches the request's last token, so its logits give the next one."""
         return self.start + self.num_tokens == self.request.num_tokens
 
+    @property
+    def all_logits(self) -> bool:
+        """The chunk reaches prompt positions whose next token's log-probability is still to
+        be recorded, so the logits at each of its tokens are wanted."""
+        request = self.request
+        return (request.needs_prompt_logprobs
+                and self.start + self.num_tokens > len(request.prompt_logprobs))
+
 
 def _is_decoding(request: Request) -> bool:
     """Only its newest token is uncomputed (a prompt's last token is still prefill)."""
@@ -99,10 +107,12 @@ class Scheduler:
         return list(chunks.values())
 
     def _admit(self, chunks: dict[Request, ScheduledChunk], budget: int) -> None:
-        """Start waiting requests, best priority first, while budget, slots and blocks last."""
+        """Start waiting requests, best priority first, while budget, slots and blocks last.
+        A request still collecting prompt log-probabilities reuses no cached prefix: it must
+        compute every prompt position."""
         while self._waiting and budget > 0 and len(self.running) < self.max_running:
             request = self._waiting[0][1]
-            if not request.block_table.block_ids:
+            if not request.block_table.block_ids and not request.needs_prompt_logprobs:
                 request.num_computed_tokens = self.block_manager.reuse_prefix(
                     request.block_table, request.all_token_ids)
             num_tokens = self._chunk_size(request, budget)

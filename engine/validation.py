@@ -66,8 +66,10 @@ INT_RANGES: dict[str, Interval] = {
     "top_logprobs": Interval(0, MAX_TOP_LOGPROBS),
     "n": Interval(1, MAX_SEQUENCES),
     "best_of": Interval(1, MAX_SEQUENCES),
+    "truncate": Interval(1, INT32_MAX),
 }
-BOOL_PARAMS = ("do_sample", "watermark", "ignore_eos", "logprobs")
+BOOL_PARAMS = ("do_sample", "watermark", "ignore_eos", "logprobs", "prompt_logprobs",
+               "include_stop_str_in_output")
 # Accepted for compatibility with MindIE's text interface; they change nothing in generation.
 IGNORED_PARAMS = frozenset({"details", "perf_stat", "batch_size"})
 # Present with one of these, and without do_sample, the request samples (MindIE: do_sample
@@ -84,13 +86,16 @@ def build_request(request_id: str, prompt_token_ids: Sequence[int],
     Raises InvalidRequest (or PromptTooLong) whose `field` names the offending parameter;
     a prompt problem names the field "prompt".
     """
-    prompt = _validate_prompt(prompt_token_ids, limits)
     unknown = sorted(set(parameters) - SUPPORTED_PARAMS)
     if unknown:
         raise InvalidRequest(unknown[0], "unknown parameter; supported parameters are "
                              + ", ".join(sorted(SUPPORTED_PARAMS)))
     floats = {name: _float(parameters, name, interval) for name, interval in FLOAT_RANGES.items()}
     ints = {name: _int(parameters, name, interval) for name, interval in INT_RANGES.items()}
+    if ints["truncate"]:
+        # TGI's truncate: keep the prompt's last tokens.
+        prompt_token_ids = prompt_token_ids[-ints["truncate"]:]
+    prompt = _validate_prompt(prompt_token_ids, limits)
     bools = {name: _bool(parameters, name) for name in BOOL_PARAMS}
     if ints["top_logprobs"] and not bools["logprobs"]:
         raise InvalidRequest("top_logprobs", "needs logprobs set to true")
@@ -106,6 +111,9 @@ def build_request(request_id: str, prompt_token_ids: Sequence[int],
     if best_of > n and not do_sample:
         raise InvalidRequest("best_of", "choosing the best of several sequences needs sampling "
                              "(do_sample)")
+    if n > 1 and not do_sample:
+        raise InvalidRequest("n", "several sequences need sampling (do_sample): greedy "
+                             "decoding would repeat one")
     requested = ints["max_new_tokens"] or DEFAULT_MAX_NEW_TOKENS
     sampling = SamplingParams(
         do_sample=do_sample,
@@ -119,12 +127,14 @@ def build_request(request_id: str, prompt_token_ids: Sequence[int],
         presence_penalty=floats["presence_penalty"] or 0.0,
         frequency_penalty=floats["frequency_penalty"] or 0.0,
         stop=_stop_sequences(parameters),
+        include_stop_str_in_output=bool(bools["include_stop_str_in_output"]),
         stop_token_ids=_stop_token_ids(parameters, limits),
         ignore_eos=bool(bools["ignore_eos"]),
         min_new_tokens=ints["min_new_tokens"] or 0,
         logprobs=(ints["top_logprobs"] or 0) if bools["logprobs"] else None,
         n=n,
         best_of=best_of,
+        prompt_logprobs=bool(bools["prompt_logprobs"]),
     )
     return GenerationRequest(
         request_id=request_id,

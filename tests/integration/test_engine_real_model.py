@@ -137,6 +137,26 @@ def test_greedy_parity_holds_when_a_shared_system_prompt_hits_the_prefix_cache(
     assert second[-1].num_cached_tokens == shared_tokens // block_size * block_size > 0
 
 
+def test_prompt_logprobs_equal_transformers_log_softmax(harness, reference_model) -> None:
+    """Beside another request whose 45-token prompt takes most of a step's 64 tokens, so the
+    asking prompt is usually prefilled in two chunks; its system prompt is in the prefix
+    cache after the prefix-cache test above, and must not be reused."""
+    other = harness.request(", ".join(str(i) for i in range(1, 15)), do_sample=False,
+                            max_new_tokens=4)
+    asking = harness.request(SYSTEM_PROMPT + "Why is the sea salty?<|im_end|>\n",
+                             do_sample=False, max_new_tokens=2, prompt_logprobs=True)
+    _, events = harness.generate(other, asking)
+    input_ids = torch.tensor([asking.prompt_token_ids])
+    with torch.no_grad():
+        logprobs = torch.log_softmax(reference_model(input_ids).logits[0].float(), dim=-1)
+    expected = logprobs[:-1].gather(1, input_ids[0, 1:].unsqueeze(1)).squeeze(1).tolist()
+    first, *rest = [event.prompt_logprobs for event in events]
+    assert first[0] is None
+    assert list(first[1:]) == pytest.approx(expected, abs=1e-3)
+    assert rest == [()] * len(rest)
+    assert events[-1].num_cached_tokens == 0
+
+
 def test_chinese_stream_is_the_one_shot_decode_without_broken_characters(harness) -> None:
     prompt = "<|im_start|>user\n用中文介绍一下北京。<|im_end|>\n<|im_start|>assistant\n"
     [events] = harness.generate(harness.request(prompt, do_sample=False, max_new_tokens=40))

@@ -49,7 +49,9 @@ class FakeRunner:
     Every computed token is stored at its cache slot (from the chunk's block table), and each
     sampling chunk reads its whole context back through the block table, so broken paging
     shows up as wrong output. A sequence whose prompt reads back as `ids(p)` generates
-    `scripts[p]`, cycled; other prompts generate DEFAULT_SCRIPT.
+    `scripts[p]`, cycled; other prompts generate DEFAULT_SCRIPT. A chunk with all_logits gets
+    a row at each of its tokens, read back the same way: `context_logits` of its context
+    except at a sampling chunk's last token, which gets the scripted row.
 
     `calls` records ("prefill", prompt chunk) for chunks starting at position 0 and ("decode",
     token id) for one-token chunks. A prompt in `fail_prefill` raises when its first chunk
@@ -77,11 +79,20 @@ class FakeRunner:
             self._record(chunk)
             for offset, token_id in enumerate(chunk.token_ids):
                 self.cache[self._slot(chunk, chunk.start + offset)] = token_id
+            end = chunk.start + len(chunk.token_ids)
+            if chunk.all_logits:
+                for position in range(chunk.start, end - 1 if chunk.samples else end):
+                    rows.append(self.context_logits(self._context(chunk, position + 1)))
             if chunk.samples:
-                context_len = chunk.start + len(chunk.token_ids)
-                context = [self.cache[self._slot(chunk, i)] for i in range(context_len)]
-                rows.append(self._next_logits(chunk.request_id, context))
+                rows.append(self._next_logits(chunk.request_id, self._context(chunk, end)))
         return torch.stack(rows) if rows else torch.empty(0, VOCAB_SIZE)
+
+    @staticmethod
+    def context_logits(context: Sequence[int]) -> torch.Tensor:
+        """Logits after `context` at a row that does not sample: fixed by the context, and
+        different for each position and token."""
+        vocab = torch.arange(VOCAB_SIZE, dtype=torch.float32)
+        return torch.sin(vocab * len(context) + context[-1])
 
     def prefilled_prompts(self) -> list[str]:
         return [prompt for kind, prompt in self.calls if kind == "prefill"]
@@ -96,6 +107,9 @@ class FakeRunner:
                 raise RuntimeError(f"scripted failure for prompt {text!r}")
         elif len(chunk.token_ids) == 1:
             self.calls.append(("decode", chunk.token_ids[0]))
+
+    def _context(self, chunk: SequenceChunk, length: int) -> list[int]:
+        return [self.cache[self._slot(chunk, i)] for i in range(length)]
 
     def _slot(self, chunk: SequenceChunk, position: int) -> int:
         return chunk.block_ids[position // self.block_size] * self.block_size \
@@ -116,9 +130,10 @@ def letters(token_ids: Sequence[int]) -> str:
 
 
 def make_request(request_id: str, prompt: str = "p", *, max_new_tokens: int = 20,
-                 stop: tuple[str, ...] = (), priority: int = 5,
-                 timeout_s: float = 600.0) -> GenerationRequest:
-    sampling = SamplingParams(do_sample=False, seed=7, max_new_tokens=max_new_tokens, stop=stop)
+                 stop: tuple[str, ...] = (), include_stop_str_in_output: bool = False,
+                 priority: int = 5, timeout_s: float = 600.0) -> GenerationRequest:
+    sampling = SamplingParams(do_sample=False, seed=7, max_new_tokens=max_new_tokens, stop=stop,
+                              include_stop_str_in_output=include_stop_str_in_output)
     return GenerationRequest(request_id=request_id, prompt_token_ids=ids(prompt), sampling=sampling,
                              priority=priority, timeout_s=timeout_s)
 

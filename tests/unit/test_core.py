@@ -7,6 +7,7 @@ import time
 from collections import defaultdict
 
 import pytest
+import torch
 from fakes import EOS_ID, FakeRunner, ids, make_core, make_request
 
 from engine.core import EngineCore
@@ -70,6 +71,20 @@ def test_stop_string_ends_the_request_and_is_not_emitted(script: str, stop: tupl
     assert len(outputs) == events
     assert outputs[-1].finish_reason is FinishReason.STOP
     assert [output.finish_reason for output in outputs[:-1]] == [None] * (events - 1)
+
+
+@pytest.mark.parametrize(("stop", "expected_text"), [
+    (("cd",), "abcd"),
+    (("xy", "bcd", "de"), "abcd"),  # the first complete stop string, kept whole
+])
+def test_include_stop_str_in_output_keeps_the_stop_string(stop: tuple[str, ...],
+                                                          expected_text: str) -> None:
+    core = make_core(FakeRunner(scripts={"p": "abcdef"}))
+    core.add(make_request("r", "p", max_new_tokens=20, stop=stop,
+                          include_stop_str_in_output=True))
+    outputs = run(core)["r"]
+    assert "".join(texts(outputs)) == expected_text
+    assert outputs[-1].finish_reason is FinishReason.STOP
 
 
 def test_text_that_may_start_a_stop_string_is_held_back_until_it_cannot() -> None:
@@ -302,3 +317,79 @@ def test_stopping_an_unknown_or_finished_request_does_nothing() -> None:
     core.stop("r")
     core.stop("never-seen")
     assert core.step() == []
+
+
+def expected_prompt_logprobs(prompt: str) -> list[float | None]:
+    """What the fake runner's rows give: log_softmax of its logits after each prefix."""
+    token_ids = ids(prompt)
+    return [None] + [torch.log_softmax(FakeRunner.context_logits(token_ids[:i]), dim=-1)
+                     [token_ids[i]].item() for i in range(1, len(token_ids))]
+
+
+def with_prompt_logprobs(request_id: str, prompt: str, **options: object) -> GenerationRequest:
+    return with_sampling(make_request(request_id, prompt, **options), prompt_logprobs=True)
+
+
+def test_prompt_logprobs_come_on_the_first_token_event_only() -> None:
+    core = make_core(FakeRunner(scripts={"hello": "uvw"}))
+    core.add(with_prompt_logprobs("r", "hello", max_new_tokens=3))
+    outputs = run(core)["r"]
+    assert texts(outputs) == ["u", "v", "w"]  # sampling still reads each chunk's last row
+    assert outputs[0].prompt_logprobs == pytest.approx(expected_prompt_logprobs("hello"))
+    assert [output.prompt_logprobs for output in outputs[1:]] == [(), ()]
+
+
+def test_a_one_token_prompt_has_one_null_prompt_logprob() -> None:
+    core = make_core()
+    core.add(with_prompt_logprobs("r", "p", max_new_tokens=2))
+    assert [output.prompt_logprobs for output in run(core)["r"]] == [(None,), ()]
+
+
+@pytest.mark.parametrize("step_tokens", [1, 3, 4, 64])
+def test_prompt_logprobs_are_the_same_whatever_the_prefill_chunks(step_tokens: int) -> None:
+    runner = FakeRunner(scripts={"p": "uvw", "abcdefghij": "klm"})
+    core = make_core(runner, max_batched_tokens=step_tokens, max_prefill_tokens=step_tokens)
+    core.add(make_request("plain", "p", max_new_tokens=8))
+    core.add(with_prompt_logprobs("asking", "abcdefghij", max_new_tokens=3))
+    outputs = run(core)
+    assert outputs["asking"][0].prompt_logprobs == \
+        pytest.approx(expected_prompt_logprobs("abcdefghij"))
+    assert "".join(texts(outputs["asking"])) == "klm"
+    assert "".join(texts(outputs["plain"])) == "uvwuvwuv"
+    assert all(output.prompt_logprobs == () for output in outputs["plain"])
+
+
+def test_a_request_with_prompt_logprobs_reuses_no_cached_prefix_but_shares_its_own() -> None:
+    runner = FakeRunner()
+    core = make_core(runner)
+    prompt = "abcdefghi"  # two full blocks of 4, then one token
+    for request_id, asks in (("first", True), ("plain", False), ("again", True)):
+        request = make_request(request_id, prompt, max_new_tokens=2)
+        core.add(with_sampling(request, prompt_logprobs=asks))
+        outputs = run(core)[request_id]
+        expected_cached = 0 if asks else 8
+        assert outputs[-1].num_cached_tokens == expected_cached
+        if asks:
+            assert outputs[0].prompt_logprobs == pytest.approx(expected_prompt_logprobs(prompt))
+    assert runner.prefilled_prompts() == [prompt, prompt]  # "plain" started at position 8
+
+
+def test_a_request_preempted_mid_prefill_records_each_prompt_logprob_once() -> None:
+    core = make_core(num_blocks=4, max_batched_tokens=2, max_prefill_tokens=2)
+    core.add(with_prompt_logprobs("asking", "abcdefghijkl", max_new_tokens=3))
+    core.add(make_request("urgent", "p", max_new_tokens=6, priority=1))
+    outputs = run(core)
+    assert core.stats().num_preemptions > 0
+    assert outputs["asking"][0].prompt_logprobs == \
+        pytest.approx(expected_prompt_logprobs("abcdefghijkl"))
+    assert outputs["asking"][-1].finish_reason is FinishReason.LENGTH
+
+
+def test_prompt_logprobs_survive_the_one_by_one_retry_of_a_failed_step() -> None:
+    core = make_core(FakeRunner(scripts={"good": "ok"}, fail_prefill={"f"}))
+    core.add(make_request("bad", "f"))
+    core.add(with_prompt_logprobs("good", "good", max_new_tokens=2))
+    outputs = run(core)
+    assert isinstance(outputs["bad"][0].error, GenerationFailed)
+    assert texts(outputs["good"]) == ["o", "k"]
+    assert outputs["good"][0].prompt_logprobs == pytest.approx(expected_prompt_logprobs("good"))

@@ -91,6 +91,7 @@ def test_leaving_an_n_request_early_aborts_all_its_sequences() -> None:
 @pytest.mark.parametrize(("parameters", "message"), [
     ({"n": 3, "best_of": 2}, "at least n"),
     ({"n": 1, "best_of": 2, "do_sample": False}, "needs sampling"),
+    ({"n": 2, "do_sample": False}, "need sampling"),
     ({"n": 0}, "[1, 128]"),
     ({"best_of": 129}, "[1, 128]"),
 ])

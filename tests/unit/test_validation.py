@@ -341,3 +341,35 @@ def test_top_logprobs_without_logprobs_is_rejected(parameters: dict[str, object]
     error = rejection(parameters)
     assert error.field == "top_logprobs"
     assert "logprobs" in error.reason
+
+
+@pytest.mark.parametrize(("parameters", "expected"), [
+    ({}, False),
+    ({"prompt_logprobs": False}, False),
+    ({"prompt_logprobs": True}, True),
+])
+def test_prompt_logprobs_is_a_flag_off_by_default(parameters: dict[str, object],
+                                                  expected: bool) -> None:
+    assert build(parameters).sampling.prompt_logprobs is expected
+
+
+@pytest.mark.parametrize("value", [1, "true", [True]])
+def test_a_non_boolean_prompt_logprobs_is_rejected(value: object) -> None:
+    error = rejection({"prompt_logprobs": value})
+    assert error.field == "prompt_logprobs"
+    assert repr(value) in error.reason
+
+
+def test_truncate_keeps_the_last_tokens_of_the_prompt() -> None:
+    assert build({"truncate": 2}, prompt=(1, 2, 3)).prompt_token_ids == (2, 3)
+    assert build({"truncate": 10}, prompt=(1, 2, 3)).prompt_token_ids == (1, 2, 3)
+
+
+def test_truncate_brings_a_long_prompt_within_max_input_len() -> None:
+    request = build({"truncate": 63}, prompt=list(range(1, 81)))
+    assert request.prompt_token_ids == tuple(range(18, 81))
+
+
+@pytest.mark.parametrize("value", [0, -1, 1.5, True])
+def test_truncate_outside_its_range_is_rejected_naming_it(value: object) -> None:
+    assert rejection({"truncate": value}).field == "truncate"

@@ -1,0 +1,40 @@
+"""Chat prompts: messages checked, then rendered with the model's own chat template."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from jinja2 import TemplateError
+
+from engine.errors import InvalidRequest
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+@dataclass(frozen=True, slots=True)
+class ChatMessage:
+    role: str
+    content: str
+
+
+def render_chat(tokenizer: object, messages: Sequence[ChatMessage]) -> list[int]:
+    """Token ids of the conversation, ending with the opening of the assistant's turn.
+
+    The template writes the special tokens itself, so the tokenizer adds none.
+    """
+    if not messages:
+        raise InvalidRequest("messages", "must contain at least one message")
+    for index, message in enumerate(messages):
+        if message.role not in ROLES:
+            raise InvalidRequest(f"messages[{index}].role", f"must be one of {', '.join(ROLES)}; "
+                                 f"got {message.role!r}")
+    if not getattr(tokenizer, "chat_template", None):
+        raise InvalidRequest("messages", "the model has no chat template; send a plain prompt")
+    try:
+        text = tokenizer.apply_chat_template(
+            [{"role": m.role, "content": m.content} for m in messages],
+            add_generation_prompt=True, tokenize=False)
+    except TemplateError as error:
+        raise InvalidRequest("messages", f"the model's chat template refused them: {error}") from None
+    return tokenizer(text, add_special_tokens=False).input_ids
