@@ -1,4 +1,5 @@
-"""Builds and runs the gRPC server: KServe v2 inference, health, reflection, mutual TLS."""
+"""Builds and runs the gRPC server: KServe v2 inference, Switchboard's Generation and Management
+services, health, reflection, mutual TLS."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from proto import grpc_service_pb2_grpc as pb_grpc
 from proto import switchboard_pb2 as sb
 from proto import switchboard_pb2_grpc as sb_grpc
 from server.config import ServerConfig
+from server.generation import GenerationServicer
 from server.management import ManagementServicer
 from server.served_model import ServedModel
 from server.servicer import InferenceServicer
@@ -28,7 +30,8 @@ logger = logging.getLogger(__name__)
 
 INFERENCE_SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
 MANAGEMENT_SERVICE = sb.DESCRIPTOR.services_by_name["Management"].full_name
-SERVICES = (INFERENCE_SERVICE, MANAGEMENT_SERVICE)
+GENERATION_SERVICE = sb.DESCRIPTOR.services_by_name["Generation"].full_name
+SERVICES = (INFERENCE_SERVICE, GENERATION_SERVICE, MANAGEMENT_SERVICE)
 SHUTDOWN_GRACE_S = 5.0
 
 
@@ -62,6 +65,7 @@ class Server:
     async def start(self) -> None:
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(
             InferenceServicer(self._served, package_version()), self._grpc)
+        sb_grpc.add_GenerationServicer_to_server(GenerationServicer(self._served), self._grpc)
         sb_grpc.add_ManagementServicer_to_server(ManagementServicer(self._served), self._grpc)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
         reflection.enable_server_reflection(

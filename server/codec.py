@@ -33,7 +33,7 @@ TRITON_RESERVED_PARAMETERS = frozenset({"sequence_id", "sequence_start", "sequen
 MICROSECONDS = 1_000_000
 # Parameters that take several values: sent as a JSON array in a string_param.
 LIST_PARAMETERS = ("stop", "stop_token_ids")
-UNCARRIED_PARAMETERS = frozenset({"logprobs", "top_logprobs"})
+UNCARRIED_PARAMETERS = frozenset({"logprobs", "top_logprobs", "prompt_logprobs"})
 # MindIE's Triton token interface: request ids of at most 256 of these characters, and at most
 # 1024 * 1024 prompt token ids (besides maxInputTokenLen and maxSeqLen).
 CLIENT_ID = re.compile(r"[A-Za-z0-9_-]{1,256}")
@@ -88,8 +88,7 @@ def decode_infer_request(request: pb.ModelInferRequest) -> InferCall:
                              + " or ".join(INPUT_KINDS))
     if tensor.datatype != kind.datatype:
         raise InvalidRequest(tensor.name, f"datatype must be {kind.datatype}; got {tensor.datatype!r}")
-    if request.id and not CLIENT_ID.fullmatch(request.id):
-        raise InvalidRequest("id", "must be at most 256 characters of A-Z, a-z, 0-9, '_' and '-'")
+    check_client_id(request.id)
     if len(request.outputs) > len(request.inputs):
         raise InvalidRequest("outputs", f"expected at most {len(request.inputs)} output (one per "
                              f"input); got {len(request.outputs)}")
@@ -106,6 +105,11 @@ def decode_infer_request(request: pb.ModelInferRequest) -> InferCall:
                      client_id=request.id)
 
 
+def check_client_id(client_id: str) -> None:
+    if client_id and not CLIENT_ID.fullmatch(client_id):
+        raise InvalidRequest("id", "must be at most 256 characters of A-Z, a-z, 0-9, '_' and '-'")
+
+
 def build_engine_request(call: InferCall, request_id: str, encode: Callable[[str], list[int]],
                          limits: EngineLimits) -> GenerationRequest:
     """Validate through the engine's one validation; prompt errors name the input tensor."""
@@ -119,6 +123,20 @@ def build_engine_request(call: InferCall, request_id: str, encode: Callable[[str
 
 
 def parameters_from_pb(parameters: Mapping[str, pb.InferParameter]) -> dict[str, object]:
+    """A KServe v2 request's parameters: those of `parameter_values` that its one-sequence,
+    tensor-only responses can answer."""
+    values = parameter_values(parameters)
+    for name in UNCARRIED_PARAMETERS & values.keys():
+        raise InvalidRequest(name, "is not available over KServe v2 gRPC: its responses have no "
+                             "place for log-probabilities (switchboard.v1.Generation has)")
+    for name in SINGLE_SEQUENCE_PARAMETERS & values.keys():
+        if values[name] != 1:
+            raise InvalidRequest(name, "only 1 is available over KServe v2 gRPC: its responses "
+                                 "carry one sequence (switchboard.v1.Generation's carry n)")
+    return values
+
+
+def parameter_values(parameters: Mapping[str, pb.InferParameter]) -> dict[str, object]:
     """Request parameters under MindIE's names, with Triton's priority/timeout converted."""
     values: dict[str, object] = {}
     for name, parameter in parameters.items():
@@ -126,13 +144,6 @@ def parameters_from_pb(parameters: Mapping[str, pb.InferParameter]) -> dict[str,
             continue
         choice = parameter.WhichOneof("parameter_choice")
         values[name] = getattr(parameter, choice) if choice else None
-    for name in UNCARRIED_PARAMETERS & values.keys():
-        raise InvalidRequest(name, "is not available over KServe v2 gRPC: its responses have no "
-                             "place for log-probabilities")
-    for name in SINGLE_SEQUENCE_PARAMETERS & values.keys():
-        if values[name] != 1:
-            raise InvalidRequest(name, "only 1 is available over KServe v2 gRPC: its responses "
-                                 "carry one sequence")
     for name in LIST_PARAMETERS:
         if isinstance(values.get(name), str) and values[name].startswith("["):
             values[name] = _json_list(name, values[name])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from engine.config import EngineLimits
+from engine.validation import MAX_SEQUENCES, MAX_STOP_SEQUENCES, MAX_TOP_LOGPROBS
 from proto import grpc_service_pb2 as pb
 from proto import model_config_pb2 as mc
 from server.codec import InputKind
@@ -44,6 +45,9 @@ def model_config(model_name: str, limits: EngineLimits | None) -> pb.ModelConfig
         for key, value in (("max_seq_len", limits.max_seq_len),
                            ("max_input_len", limits.max_input_len),
                            ("max_iter_times", limits.max_iter_times),
-                           ("vocab_size", limits.vocab_size)):
+                           ("vocab_size", limits.vocab_size),
+                           ("max_sequences", MAX_SEQUENCES),
+                           ("max_stop_sequences", MAX_STOP_SEQUENCES),
+                           ("max_top_logprobs", MAX_TOP_LOGPROBS)):
             config.parameters[key].string_value = str(value)
     return pb.ModelConfigResponse(config=config)

@@ -70,6 +70,17 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                              context: grpc.aio.ServicerContext) -> pb.ServerMetadataResponse:
         return model_info.server_metadata(self.version)
 
+    async def RepositoryIndex(self, request: pb.RepositoryIndexRequest,
+                              context: grpc.aio.ServicerContext) -> pb.RepositoryIndexResponse:
+        """Triton's model repository index: the one served model, READY once loaded."""
+        ready = self.served.is_ready
+        if request.ready and not ready:
+            return pb.RepositoryIndexResponse()
+        return pb.RepositoryIndexResponse(models=[pb.RepositoryIndexResponse.ModelIndex(
+            name=self.served.model_name, version=model_info.MODEL_VERSION,
+            state="READY" if ready else "UNAVAILABLE",
+            reason="" if ready else "loading, or stopped")])
+
     @engine_errors
     async def ModelMetadata(self, request: pb.ModelMetadataRequest,
                             context: grpc.aio.ServicerContext) -> pb.ModelMetadataResponse:

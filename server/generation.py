@@ -1,0 +1,113 @@
+"""`switchboard.v1.Generation`: text generation with chat messages, n sequences and
+log-probabilities, which KServe v2's tensors have no place for."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import uuid
+from collections.abc import AsyncIterator, Sequence
+
+import grpc
+
+from engine.chat import ChatMessage
+from engine.errors import EngineError, InvalidRequest
+from engine.protocol import EngineClient
+from engine.request import RequestOutput, TokenLogprob
+from engine.validation import build_request
+from proto import switchboard_pb2 as sb
+from proto import switchboard_pb2_grpc as sb_grpc
+from server import codec
+from server.errors import status_for
+from server.served_model import ServedModel
+
+logger = logging.getLogger(__name__)
+
+
+class GenerationServicer(sb_grpc.GenerationServicer):
+    def __init__(self, served: ServedModel) -> None:
+        self.served = served
+
+    async def Generate(self, request: sb.GenerateRequest, context: grpc.aio.ServicerContext
+                       ) -> AsyncIterator[sb.GenerateResponse]:
+        try:
+            engine = self.served.ready_engine()
+            if request.model_name:
+                self.served.check_model(request.model_name)
+            codec.check_client_id(request.id)
+            spec = build_request(uuid.uuid4().hex, _prompt_token_ids(engine, request),
+                                 codec.parameter_values(request.parameters), engine.limits)
+            logger.info("request %s (client id %r): %d prompt tokens, generation", spec.request_id,
+                        request.id, len(spec.prompt_token_ids))
+            tokens = TokenDescriber(engine)
+            with self.served.running(request.id, spec.request_id):
+                async with contextlib.aclosing(engine.generate(spec)) as events:
+                    async for event in events:
+                        yield generate_response(event, spec.prompt_token_ids, tokens)
+        except EngineError as error:
+            await context.abort(status_for(error), error.message)
+
+
+def _prompt_token_ids(engine: EngineClient, request: sb.GenerateRequest) -> list[int]:
+    kind = request.WhichOneof("prompt")
+    if kind == "text":
+        return engine.encode(request.text)
+    if kind == "token_ids":
+        return list(request.token_ids.ids)
+    if kind == "messages":
+        return engine.encode_chat([ChatMessage(role=m.role, content=m.content)
+                                   for m in request.messages.messages])
+    raise InvalidRequest("prompt", "is missing: send text, token_ids or messages")
+
+
+class TokenDescriber:
+    """Token messages: each token's own text and whether it is special."""
+
+    def __init__(self, engine: EngineClient) -> None:
+        self._engine = engine
+        self._special = engine.info.special_token_ids
+
+    def tokens(self, token_ids: Sequence[int], logprobs: Sequence[TokenLogprob | float | None]
+               ) -> list[sb.Token]:
+        """Token messages for ids and their log-probabilities (None: not computed)."""
+        alternatives = [logprob.top if isinstance(logprob, TokenLogprob) else ()
+                        for logprob in logprobs]
+        all_ids = [*token_ids, *(token_id for top in alternatives for token_id, _ in top)]
+        texts = iter(self._engine.token_texts(all_ids))
+        tokens = [self._token(token_id, next(texts), _value(logprob))
+                  for token_id, logprob in zip(token_ids, logprobs)]
+        for token, top in zip(tokens, alternatives):
+            token.top.extend(self._token(token_id, next(texts), logprob) for token_id, logprob in top)
+        return tokens
+
+    def _token(self, token_id: int, text: str, logprob: float | None) -> sb.Token:
+        token = sb.Token(id=token_id, text=text, special=token_id in self._special)
+        if logprob is not None:
+            token.logprob = logprob
+        return token
+
+
+def _value(logprob: TokenLogprob | float | None) -> float | None:
+    return logprob.logprob if isinstance(logprob, TokenLogprob) else logprob
+
+
+def generate_response(event: RequestOutput, prompt_token_ids: Sequence[int],
+                      tokens: TokenDescriber) -> sb.GenerateResponse:
+    logprobs: Sequence[TokenLogprob | None] = event.logprobs or [None] * len(event.new_token_ids)
+    response = sb.GenerateResponse(
+        index=event.index,
+        tokens=tokens.tokens(event.new_token_ids, logprobs),
+        text=event.text,
+        finish_reason=event.finish_reason.value if event.finish_reason else "",
+        prompt_tokens=event.num_prompt_tokens,
+        generated_tokens=event.num_generated_tokens,
+        seed=event.seed,
+        cached_tokens=event.num_cached_tokens,
+    )
+    if event.prompt_logprobs:
+        response.prompt.extend(tokens.tokens(prompt_token_ids, event.prompt_logprobs))
+    if event.timings is not None:
+        response.queue_wait_us = round(event.timings.queue_wait * codec.MICROSECONDS)
+        response.first_token_us = round(event.timings.first_token * codec.MICROSECONDS)
+        response.token_latency_us = round(event.timings.token_latency * codec.MICROSECONDS)
+    return response

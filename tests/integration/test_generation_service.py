@@ -1,0 +1,533 @@
+"""End to end: `switchboard.v1.Generation/Generate`, `Management` and KServe's `RepositoryIndex`
+against the real server process and the real SmolLM2 model, over mutual TLS, as a client sees
+them (sync gRPC and our generated stubs)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+
+import grpc
+import pytest
+from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
+    ProtoReflectionDescriptorDatabase,
+)
+
+from proto import grpc_service_pb2 as pb
+from proto import grpc_service_pb2_grpc as pb_grpc
+from proto import switchboard_pb2 as sb
+from proto import switchboard_pb2_grpc as sb_grpc
+
+MODEL = "smollm2"
+QUESTION = "What is the capital of France?"
+COMPLETION_PROMPT = "The capital of France is"
+CALL_TIMEOUT_S = 60
+SLOTS_FREED_WITHIN_S = 5.0
+INT64_MAX = 2**63 - 1
+UINT64_MAX = 2**64 - 1
+
+
+# --- plumbing ----------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def channel(grpc_server, client_files) -> Iterator[grpc.Channel]:
+    credentials = grpc.ssl_channel_credentials(root_certificates=client_files.ca.read_bytes(),
+                                               private_key=client_files.key.read_bytes(),
+                                               certificate_chain=client_files.cert.read_bytes())
+    with grpc.secure_channel(grpc_server.address, credentials) as channel:
+        grpc.channel_ready_future(channel).result(timeout=30)
+        yield channel
+
+
+@pytest.fixture(scope="module")
+def generation(channel) -> sb_grpc.GenerationStub:
+    return sb_grpc.GenerationStub(channel)
+
+
+@pytest.fixture(scope="module")
+def management(channel) -> sb_grpc.ManagementStub:
+    return sb_grpc.ManagementStub(channel)
+
+
+@pytest.fixture(scope="module")
+def inference(channel) -> pb_grpc.GRPCInferenceServiceStub:
+    return pb_grpc.GRPCInferenceServiceStub(channel)
+
+
+def parameter(value: object) -> pb.InferParameter:
+    if isinstance(value, bool):
+        return pb.InferParameter(bool_param=value)
+    if isinstance(value, int) and value > INT64_MAX:
+        return pb.InferParameter(uint64_param=value)
+    if isinstance(value, int):
+        return pb.InferParameter(int64_param=value)
+    if isinstance(value, float):
+        return pb.InferParameter(double_param=value)
+    if isinstance(value, list):
+        return pb.InferParameter(string_param=json.dumps(value))
+    return pb.InferParameter(string_param=value)
+
+
+def chat(*messages: tuple[str, str]) -> sb.ChatMessages:
+    return sb.ChatMessages(messages=[sb.ChatMessage(role=role, content=content)
+                                     for role, content in messages])
+
+
+def request(*, text: str | None = None, token_ids: list[int] | None = None,
+            messages: sb.ChatMessages | None = None, model_name: str = "", id: str = "",
+            **parameters: object) -> sb.GenerateRequest:
+    message = sb.GenerateRequest(model_name=model_name, id=id,
+                                 parameters={name: parameter(value)
+                                             for name, value in parameters.items()})
+    if text is not None:
+        message.text = text
+    if token_ids is not None:
+        message.token_ids.ids.extend(token_ids)
+    if messages is not None:
+        message.messages.CopyFrom(messages)
+    return message
+
+
+def generate(stub: sb_grpc.GenerationStub, message: sb.GenerateRequest
+             ) -> list[sb.GenerateResponse]:
+    return list(stub.Generate(message, timeout=CALL_TIMEOUT_S))
+
+
+def of_index(responses: list[sb.GenerateResponse], index: int) -> list[sb.GenerateResponse]:
+    return [response for response in responses if response.index == index]
+
+
+def token_ids(responses: list[sb.GenerateResponse]) -> list[int]:
+    return [token.id for response in responses for token in response.tokens]
+
+
+def text_of(responses: list[sb.GenerateResponse]) -> str:
+    return "".join(response.text for response in responses)
+
+
+def rpc_error(stub: sb_grpc.GenerationStub, message: sb.GenerateRequest) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as raised:
+        generate(stub, message)
+    return raised.value
+
+
+def assert_still_serves(stub: sb_grpc.GenerationStub) -> None:
+    responses = generate(stub, request(text=COMPLETION_PROMPT, do_sample=False, max_new_tokens=2))
+    assert responses[-1].finish_reason == "length"
+    assert responses[-1].generated_tokens == 2
+
+
+def assert_one_last_response(responses: list[sb.GenerateResponse]) -> None:
+    """A sequence's responses: finish_reason set on the last one only."""
+    assert responses, "the sequence has no response"
+    assert [bool(response.finish_reason) for response in responses] == \
+        [False] * (len(responses) - 1) + [True]
+
+
+def slot_count(management: sb_grpc.ManagementStub) -> sb.GetSlotCountResponse:
+    return management.GetSlotCount(sb.GetSlotCountRequest(model_name=MODEL), timeout=10)
+
+
+def wait_for_all_slots_free(management: sb_grpc.ManagementStub) -> sb.GetSlotCountResponse:
+    deadline = time.monotonic() + SLOTS_FREED_WITHIN_S
+    while True:
+        slots = slot_count(management)
+        if slots.free_slots == slots.total_slots or time.monotonic() > deadline:
+            return slots
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def question_tokens(generation) -> list[sb.Token]:
+    """The bare question as a text prompt, tokenized by the server (prompt_logprobs)."""
+    responses = generate(generation, request(text=QUESTION, do_sample=False, max_new_tokens=1,
+                                             prompt_logprobs=True))
+    return list(responses[0].prompt)
+
+
+@pytest.fixture(scope="module")
+def chat_answer(generation) -> list[sb.GenerateResponse]:
+    return generate(generation, request(messages=chat(("user", QUESTION)), do_sample=False,
+                                        max_new_tokens=24))
+
+
+# --- chat messages -----------------------------------------------------------------------------
+
+def test_chat_greedy_answer_names_paris_and_ends_on_end_of_turn(chat_answer) -> None:
+    assert "Paris" in text_of(chat_answer)
+    assert_one_last_response(chat_answer)
+    assert {response.index for response in chat_answer} == {0}
+    last = chat_answer[-1]
+    # Greedy: the short answer ends with the end-of-turn token well before 24 tokens.
+    assert last.finish_reason == "eos_token"
+    assert last.generated_tokens == len(token_ids(chat_answer)) < 24
+    end_of_turn = last.tokens[-1]
+    assert end_of_turn.special
+    assert end_of_turn.text == "<|im_end|>"
+    answer_tokens = [token for response in chat_answer for token in response.tokens]
+    assert not any(token.special for token in answer_tokens[:-1])
+
+
+def test_chat_tokens_carry_id_and_text_and_texts_concatenate_to_the_answer(chat_answer) -> None:
+    answer = text_of(chat_answer)
+    assert answer.strip(), "empty answer"
+    for response in chat_answer:
+        assert response.tokens, "a response without a token"
+        for token in response.tokens:
+            assert token.text, f"token {token.id} has no text"
+    ordinary = "".join(token.text for response in chat_answer for token in response.tokens
+                       if not token.special)
+    assert ordinary == answer
+    assert "<|im_end|>" not in answer
+    # Ids and texts agree: one text, one id, wherever it occurs.
+    by_text: dict[str, int] = {}
+    for response in chat_answer:
+        for token in response.tokens:
+            assert by_text.setdefault(token.text, token.id) == token.id
+
+
+def test_chat_prompt_is_the_template_not_the_bare_question(chat_answer, question_tokens) -> None:
+    prompt_tokens = {response.prompt_tokens for response in chat_answer}
+    assert len(prompt_tokens) == 1
+    # SmolLM2's template adds a default system prompt and the role markers.
+    assert prompt_tokens.pop() > len(question_tokens) + 10
+
+
+def test_chat_with_system_message_is_rendered(generation) -> None:
+    responses = generate(generation, request(
+        messages=chat(("system", "Answer with one word."), ("user", QUESTION)),
+        do_sample=False, max_new_tokens=8, prompt_logprobs=True))
+    prompt = responses[0].prompt
+    prompt_text = "".join(token.text for token in prompt)
+    assert len(prompt) == responses[0].prompt_tokens
+    assert (prompt[0].text, prompt[0].special) == ("<|im_start|>", True)
+    assert not prompt[0].HasField("logprob")
+    assert "<|im_start|>system\nAnswer with one word.<|im_end|>" in prompt_text
+    assert f"<|im_start|>user\n{QUESTION}<|im_end|>" in prompt_text
+    assert prompt_text.endswith("<|im_start|>assistant\n")
+    assert "Paris" in text_of(responses)
+
+
+# --- prompts -----------------------------------------------------------------------------------
+
+def test_text_and_token_ids_prompts_give_the_same_greedy_output(generation) -> None:
+    by_text = generate(generation, request(text=COMPLETION_PROMPT, do_sample=False,
+                                           max_new_tokens=8, prompt_logprobs=True))
+    prompt_ids = [token.id for token in by_text[0].prompt]
+    assert len(prompt_ids) == by_text[0].prompt_tokens > 1
+    by_ids = generate(generation, request(token_ids=prompt_ids, do_sample=False, max_new_tokens=8))
+    assert token_ids(by_ids) == token_ids(by_text)
+    assert len(token_ids(by_ids)) == 8
+    assert text_of(by_ids) == text_of(by_text)
+    assert "Paris" in text_of(by_ids)
+    assert by_ids[-1].prompt_tokens == len(prompt_ids)
+    assert by_ids[-1].finish_reason == by_text[-1].finish_reason == "length"
+
+
+def test_stop_strings_as_a_json_array_end_the_text_before_them(generation) -> None:
+    responses = generate(generation, request(messages=chat(("user", QUESTION)), do_sample=False,
+                                             max_new_tokens=24, stop=["Paris", "Berlin"]))
+    assert_one_last_response(responses)
+    assert responses[-1].finish_reason == "stop_sequence"
+    text = text_of(responses)
+    assert "Paris" not in text
+    assert text.startswith("The capital of France is")
+    # The token that completed the stop string was generated (and is reported) all the same.
+    assert responses[-1].generated_tokens == len(token_ids(responses))
+    assert "".join(t.text for r in responses for t in r.tokens).endswith(" Paris")
+
+
+# --- n sequences -------------------------------------------------------------------------------
+
+STORY = chat(("user", "Tell me a story about a dragon."))
+
+
+def test_n_sampled_sequences_with_a_seed_are_reproducible(generation) -> None:
+    message = request(messages=STORY, n=2, do_sample=True, seed=1234, temperature=1.0,
+                      max_new_tokens=8)
+    first, second = generate(generation, message), generate(generation, message)
+    assert {response.index for response in first} == {0, 1}
+    for index in (0, 1):
+        sequence = of_index(first, index)
+        assert_one_last_response(sequence)
+        assert sequence[-1].finish_reason in ("length", "eos_token")
+        assert sequence[-1].generated_tokens == len(token_ids(sequence)) > 0
+        again = of_index(second, index)
+        assert token_ids(again) == token_ids(sequence)
+        assert text_of(again) == text_of(sequence)
+        assert again[-1].seed == sequence[-1].seed
+    # Two sequences, not one sent twice: their seeds (and with them their samples) differ.
+    assert of_index(first, 0)[-1].seed == 1234
+    assert of_index(first, 1)[-1].seed != 1234
+    assert token_ids(of_index(first, 0)) != token_ids(of_index(first, 1))
+
+
+def test_a_sequence_seed_sent_back_reproduces_that_sequence(generation) -> None:
+    both = generate(generation, request(messages=STORY, n=2, do_sample=True, temperature=1.0,
+                                        max_new_tokens=6))
+    second = of_index(both, 1)
+    # A drawn seed is any uint64: it goes back as Triton's uint64 parameter.
+    message = request(messages=STORY, do_sample=True, temperature=1.0, max_new_tokens=6)
+    message.parameters["seed"].uint64_param = second[-1].seed
+    alone = generate(generation, message)
+    assert {response.index for response in alone} == {0}
+    assert token_ids(alone) == token_ids(second)
+    assert alone[-1].seed == second[-1].seed
+
+
+def test_the_largest_seed_works_for_every_sequence(generation) -> None:
+    message = request(messages=STORY, n=2, do_sample=True, temperature=1.0, max_new_tokens=4,
+                      seed=UINT64_MAX)
+    first, second = generate(generation, message), generate(generation, message)
+    seeds = [of_index(first, index)[-1].seed for index in (0, 1)]
+    assert seeds[0] == UINT64_MAX
+    assert 1 <= seeds[1] <= UINT64_MAX and seeds[1] != seeds[0]
+    for index in (0, 1):
+        assert_one_last_response(of_index(first, index))
+        assert token_ids(of_index(second, index)) == token_ids(of_index(first, index))
+
+
+def test_best_of_answers_n_sequences(generation) -> None:
+    responses = generate(generation, request(messages=chat(("user", QUESTION)), n=2, best_of=3,
+                                             do_sample=True, seed=7, max_new_tokens=6))
+    assert {response.index for response in responses} == {0, 1}
+    for index in (0, 1):
+        sequence = of_index(responses, index)
+        assert_one_last_response(sequence)
+        assert sequence[-1].generated_tokens == len(token_ids(sequence)) > 0
+        assert all(not token.HasField("logprob") for token in sequence[-1].tokens)
+
+
+def test_n_sequences_with_logprobs_and_the_prompt_once(generation) -> None:
+    responses = generate(generation, request(messages=chat(("user", QUESTION)), n=2,
+                                             do_sample=True, seed=5, max_new_tokens=3,
+                                             logprobs=True, top_logprobs=2, prompt_logprobs=True))
+    assert {response.index for response in responses} == {0, 1}
+    for response in responses:
+        for token in response.tokens:
+            assert token.HasField("logprob") and token.logprob <= 0.0
+            assert len(token.top) == 2
+    # The prompt is the request's, the same for every sequence: it comes once, on the first
+    # response of sequence 0 (the gateway adds up `prompt` across all responses).
+    carrying = [response for response in responses if response.prompt]
+    assert carrying == [of_index(responses, 0)[0]]
+    assert len(carrying[0].prompt) == carrying[0].prompt_tokens
+
+
+# --- log-probabilities -------------------------------------------------------------------------
+
+def test_logprobs_with_top_alternatives(generation) -> None:
+    responses = generate(generation, request(text=COMPLETION_PROMPT, do_sample=False,
+                                             max_new_tokens=6, logprobs=True, top_logprobs=3))
+    tokens = [token for response in responses for token in response.tokens]
+    assert len(tokens) == 6
+    for token in tokens:
+        assert token.HasField("logprob")
+        assert token.logprob <= 0.0
+        assert len(token.top) == 3
+        values = [alternative.logprob for alternative in token.top]
+        assert values == sorted(values, reverse=True)
+        assert all(alternative.HasField("logprob") and alternative.logprob <= 0.0
+                   for alternative in token.top)
+        assert all(alternative.text for alternative in token.top)
+        assert len({alternative.id for alternative in token.top}) == 3
+        # Greedy: the chosen token is the best alternative.
+        assert token.top[0].id == token.id
+        assert token.top[0].text == token.text
+        assert token.top[0].logprob == pytest.approx(token.logprob, abs=1e-4)
+
+
+def test_without_logprobs_tokens_have_none(generation) -> None:
+    responses = generate(generation, request(text=COMPLETION_PROMPT, do_sample=False,
+                                             max_new_tokens=4))
+    tokens = [token for response in responses for token in response.tokens]
+    assert len(tokens) == 4
+    for token in tokens:
+        assert not token.HasField("logprob")
+        assert not token.top
+    assert not any(response.prompt for response in responses)
+
+
+def test_prompt_logprobs_on_the_first_response_only(generation) -> None:
+    responses = generate(generation, request(text=COMPLETION_PROMPT, do_sample=False,
+                                             max_new_tokens=3, prompt_logprobs=True))
+    assert len(responses) == 3
+    prompt = list(responses[0].prompt)
+    assert len(prompt) == responses[0].prompt_tokens > 1
+    assert "".join(token.text for token in prompt) == COMPLETION_PROMPT
+    assert not prompt[0].HasField("logprob")
+    for token in prompt[1:]:
+        assert token.HasField("logprob")
+        assert token.logprob <= 0.0
+    assert all(not response.prompt for response in responses[1:])
+
+
+# --- errors ------------------------------------------------------------------------------------
+
+def empty_messages() -> sb.GenerateRequest:
+    message = request(max_new_tokens=2)
+    message.messages.SetInParent()
+    return message
+
+
+def empty_token_ids() -> sb.GenerateRequest:
+    message = request(max_new_tokens=2)
+    message.token_ids.SetInParent()
+    return message
+
+
+INVALID_REQUESTS = {
+    "unknown role": (lambda: request(messages=chat(("wizard", QUESTION)), max_new_tokens=2),
+                     "messages[0].role"),
+    "unknown role of a later message": (
+        lambda: request(messages=chat(("user", QUESTION), ("robot", "Paris")), max_new_tokens=2),
+        "messages[1].role"),
+    "no message": (empty_messages, "messages"),
+    "unknown parameter": (lambda: request(text=COMPLETION_PROMPT, frobnicate=3), "frobnicate"),
+    "no prompt": (lambda: request(max_new_tokens=2), "prompt"),
+    "empty text": (lambda: request(text="", max_new_tokens=2), "prompt"),
+    "no token id": (empty_token_ids, "prompt"),
+    "token id outside the vocabulary": (lambda: request(token_ids=[1, 10**6]), "prompt"),
+    "bad client id": (lambda: request(text=COMPLETION_PROMPT, id="bad id!", max_new_tokens=2),
+                      "id"),
+    "top_logprobs out of range": (
+        lambda: request(text=COMPLETION_PROMPT, logprobs=True, top_logprobs=21), "top_logprobs"),
+    "top_logprobs without logprobs": (lambda: request(text=COMPLETION_PROMPT, top_logprobs=2),
+                                      "top_logprobs"),
+    "best_of below n": (lambda: request(text=COMPLETION_PROMPT, n=3, best_of=2, do_sample=True),
+                        "best_of"),
+    "stop not a JSON array": (lambda: request(text=COMPLETION_PROMPT, stop="[oops"), "stop"),
+    "priority out of range": (lambda: request(text=COMPLETION_PROMPT, priority=9), "priority"),
+}
+
+
+@pytest.mark.parametrize("case", INVALID_REQUESTS)
+def test_invalid_request_is_invalid_argument_naming_the_field(generation, case) -> None:
+    build, field = INVALID_REQUESTS[case]
+    error = rpc_error(generation, build())
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.details().startswith(f"{field}: "), error.details()
+    assert_still_serves(generation)
+
+
+def test_unknown_role_message_quotes_the_role(generation) -> None:
+    error = rpc_error(generation, request(messages=chat(("wizard", QUESTION))))
+    assert "'wizard'" in error.details()
+    assert "user" in error.details()
+
+
+def test_wrong_model_name_is_not_found(generation) -> None:
+    error = rpc_error(generation, request(text=COMPLETION_PROMPT, model_name="gpt-5",
+                                          max_new_tokens=2))
+    assert error.code() == grpc.StatusCode.NOT_FOUND
+    assert "gpt-5" in error.details()
+    assert_still_serves(generation)
+
+
+def test_empty_and_served_model_names_both_work(generation) -> None:
+    served = generate(generation, request(text=COMPLETION_PROMPT, model_name=MODEL,
+                                          do_sample=False, max_new_tokens=3))
+    default = generate(generation, request(text=COMPLETION_PROMPT, model_name="",
+                                           do_sample=False, max_new_tokens=3))
+    assert token_ids(served) == token_ids(default)
+    assert len(token_ids(default)) == 3
+
+
+def test_timeout_is_in_microseconds(generation) -> None:
+    """Triton's `timeout` (int64 µs): 1 µs runs out before the first token; 30 s does not."""
+    error = rpc_error(generation, request(text=COMPLETION_PROMPT, timeout=1, max_new_tokens=2))
+    assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    responses = generate(generation, request(text=COMPLETION_PROMPT, timeout=30_000_000,
+                                             do_sample=False, max_new_tokens=2))
+    assert responses[-1].finish_reason == "length"
+
+
+def test_triton_uint64_priority_is_accepted(generation) -> None:
+    message = request(text=COMPLETION_PROMPT, do_sample=False, max_new_tokens=2)
+    message.parameters["priority"].uint64_param = 2
+    responses = generate(generation, message)
+    assert responses[-1].finish_reason == "length"
+    assert responses[-1].generated_tokens == 2
+
+
+# --- cancellation and stopping -----------------------------------------------------------------
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_cancelled_call_frees_its_slots(generation, management, n) -> None:
+    assert wait_for_all_slots_free(management).free_slots == slot_count(management).total_slots
+    call = generation.Generate(request(text=COMPLETION_PROMPT, max_new_tokens=400, ignore_eos=True,
+                                       n=n, do_sample=n > 1), timeout=CALL_TIMEOUT_S)
+    responses = [next(call) for _ in range(3 * n)]
+    assert not any(response.finish_reason for response in responses)
+    busy = slot_count(management)
+    assert busy.free_slots == busy.total_slots - n
+    call.cancel()
+    with pytest.raises(grpc.RpcError) as raised:
+        list(call)
+    assert raised.value.code() == grpc.StatusCode.CANCELLED
+    slots = wait_for_all_slots_free(management)
+    assert slots.free_slots == slots.total_slots > 0
+    assert slots.available_tokens_length >= busy.available_tokens_length
+    assert_still_serves(generation)
+
+
+def stop_infer(management: sb_grpc.ManagementStub, client_id: str) -> sb.StopInferResponse:
+    return management.StopInfer(sb.StopInferRequest(model_name=MODEL, id=client_id), timeout=10)
+
+
+def long_call(generation: sb_grpc.GenerationStub, client_id: str, **parameters: object):
+    return generation.Generate(request(text=COMPLETION_PROMPT, id=client_id, max_new_tokens=400,
+                                       ignore_eos=True, **parameters), timeout=CALL_TIMEOUT_S)
+
+
+def test_stop_infer_ends_a_generation_by_its_client_id(generation, management) -> None:
+    call = long_call(generation, "gen-stop-1", do_sample=False)
+    responses = [next(call)]
+    assert stop_infer(management, "gen-stop-1").num_stopped == 1
+    responses.extend(call)
+    assert_one_last_response(responses)
+    assert responses[-1].finish_reason == "stopped"
+    assert responses[-1].generated_tokens == len(token_ids(responses)) < 400
+    # Once ended, the id no longer names a running request.
+    with pytest.raises(grpc.RpcError) as raised:
+        stop_infer(management, "gen-stop-1")
+    assert raised.value.code() == grpc.StatusCode.NOT_FOUND
+    assert wait_for_all_slots_free(management).free_slots == slot_count(management).total_slots
+
+
+def test_stop_infer_stops_every_sequence_and_every_request_sharing_the_id(
+        generation, management) -> None:
+    multi = long_call(generation, "gen-stop-2", n=2, do_sample=True)
+    single = long_call(generation, "gen-stop-2", do_sample=False)
+    started = [next(multi), next(single)]
+    assert stop_infer(management, "gen-stop-2").num_stopped == 2
+    responses = [*started[:1], *multi]
+    for index in (0, 1):
+        sequence = of_index(responses, index)
+        assert_one_last_response(sequence)
+        assert sequence[-1].finish_reason == "stopped"
+    assert [*started[1:], *single][-1].finish_reason == "stopped"
+    assert wait_for_all_slots_free(management).free_slots == slot_count(management).total_slots
+
+
+# --- KServe repository index and reflection ----------------------------------------------------
+
+def test_repository_index_lists_the_served_model(inference) -> None:
+    for ready in (False, True):
+        index = inference.RepositoryIndex(pb.RepositoryIndexRequest(ready=ready), timeout=10)
+        assert [(model.name, model.version, model.state) for model in index.models] == \
+            [(MODEL, "1", "READY")]
+
+
+def test_reflection_lists_generation_and_management(channel) -> None:
+    database = ProtoReflectionDescriptorDatabase(channel)
+    services = set(database.get_services())
+    assert {"switchboard.v1.Generation", "switchboard.v1.Management",
+            "inference.GRPCInferenceService", "grpc.health.v1.Health"} <= services
+    # Reflection serves the service's own definition: a client can discover Generate by it.
+    file = database.FindFileContainingSymbol("switchboard.v1.Generation")
+    [service] = [service for service in file.service if service.name == "Generation"]
+    [method] = service.method
+    assert (method.name, method.input_type, method.output_type, method.server_streaming) == \
+        ("Generate", ".switchboard.v1.GenerateRequest", ".switchboard.v1.GenerateResponse", True)
