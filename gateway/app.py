@@ -1,7 +1,7 @@
 """The route tables of the three planes and the servers that serve them.
 
-Planes as in MindIE: business (inference and model routes, plus Triton's `/v2/health/*` so
-that tritonclient.http works against one URL), management (health, slot count) and metrics
+Planes as in MindIE: business (inference and model routes of every protocol, plus Triton's
+`/v2/health/*` so that tritonclient.http works against one URL), management (health, slot count) and metrics
 (`/metrics`). Planes configured on the same host and port are served by one server.
 """
 
@@ -16,6 +16,7 @@ import tornado.httpserver
 import tornado.netutil
 import tornado.web
 
+from gateway import generation_handlers as generation
 from gateway import triton_handlers as triton
 from gateway.config import GatewayConfig, Plane
 from gateway.handler import Handler, NotFoundHandler
@@ -40,6 +41,15 @@ ROUTES: dict[Plane, list[tuple[str, type[tornado.web.RequestHandler], str]]] = {
         (MODEL + r"/generate", triton.GenerateHandler, "generate"),
         (MODEL + r"/generate_stream", triton.GenerateStreamHandler, "generate_stream"),
         (MODEL + r"/stopInfer", triton.StopInferHandler, "stop_infer"),
+        (r"/", generation.TgiCompatHandler, "tgi_compat"),
+        (r"/generate", generation.SharedGenerateHandler, "tgi_vllm_generate"),
+        (r"/generate_stream", generation.TgiStreamHandler, "tgi_generate_stream"),
+        (r"/info", generation.InfoHandler, "tgi_info"),
+        (r"/health", generation.HealthHandler, "health"),
+        (r"/v1/models", generation.ModelsHandler, "openai_models"),
+        (r"/v1/models/(?P<model>[^/]+)", generation.ModelsHandler, "openai_model"),
+        (r"/v1/chat/completions", generation.ChatCompletionsHandler, "openai_chat"),
+        (r"/v1/completions", generation.CompletionsHandler, "openai_completions"),
     ],
     Plane.MANAGEMENT: [
         *HEALTH_ROUTES,

@@ -30,16 +30,18 @@ OPAQUE_STATUSES = {
 
 
 class RequestError(Exception):
-    """An HTTP request the gateway refuses before calling the server (status, message)."""
+    """An HTTP request the gateway refuses before calling the server (status, message, and
+    the field at fault when there is one)."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, field: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.field = field
 
 
 def bad_request(field: str, reason: str) -> RequestError:
-    return RequestError(400, f"{field}: {reason}" if field else reason)
+    return RequestError(400, f"{field}: {reason}" if field else reason, field or None)
 
 
 def http_status(code: grpc.StatusCode, table: dict[grpc.StatusCode, int]) -> int:

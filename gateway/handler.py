@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any
+from collections.abc import AsyncIterable, Callable, Iterable
+from typing import Any, TypeVar
 
 import grpc
 import tornado.web
@@ -13,9 +14,11 @@ from tornado.httputil import responses
 from tornado.iostream import StreamClosedError
 
 from gateway.errors import KSERVE_HTTP_STATUS, RequestError, client_message, http_status
+from gateway.sse import CONTENT_TYPE, sse_event
 from gateway.upstream import Upstream
 
 logger = logging.getLogger(__name__)
+Response = TypeVar("Response")
 
 
 @tornado.web.stream_request_body
@@ -89,10 +92,44 @@ class Handler(tornado.web.RequestHandler):
     def error_body(self, status: int, message: str) -> object:
         return {"error": message}
 
+    def error_document(self, error: BaseException | None, status: int) -> tuple[int, object]:
+        """The HTTP status and the protocol's error body for an error."""
+        status, message = self.describe_error(error, status)
+        return status, self.error_body(status, message)
+
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         error = kwargs.get("exc_info", (None, None, None))[1]
-        status, message = self.describe_error(error, status_code)
-        self.write_json(self.error_body(status, message), status)
+        self.write_json(*reversed(self.error_document(error, status_code)))
+
+    async def relay(self, responses: AsyncIterable[Response],
+                    render: Callable[[Response], Iterable[bytes]], *,
+                    content_type: str = CONTENT_TYPE, end: Callable[[], bytes] = bytes,
+                    error_event: Callable[[object], bytes] = sse_event) -> None:
+        """Stream a gRPC call's responses, each rendered as chunks, then `end()`. An error before
+        the first response is an HTTP error; after it, the protocol's error body goes out as
+        one last event (`error_event`) and the stream ends."""
+        iterator = aiter(responses)
+        first = await anext(iterator, None)
+        self.set_header("Content-Type", content_type)
+        self.set_header("Cache-Control", "no-cache")
+        try:
+            if first is not None:
+                for chunk in render(first):
+                    if not await self.write_chunk(chunk):
+                        return
+            async for response in iterator:
+                for chunk in render(response):
+                    if not await self.write_chunk(chunk):
+                        return
+        except grpc.aio.AioRpcError as error:
+            if error.code() is grpc.StatusCode.CANCELLED:
+                return
+            self.log_exception(type(error), error, None)
+            await self.write_chunk(error_event(self.error_document(error, 500)[1]))
+        else:
+            if not await self.write_chunk(end()):
+                return
+        self.finish()
 
     def log_exception(self, typ: type[BaseException] | None, value: BaseException | None,
                       tb: Any) -> None:

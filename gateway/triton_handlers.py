@@ -9,7 +9,7 @@ from gateway.errors import RequestError, bad_request
 from gateway.handler import Handler
 from gateway.protocols import kserve, triton
 from gateway.protocols.kserve import optional_string, require_object
-from gateway.sse import CONTENT_TYPE, sse_event
+from gateway.sse import sse_event
 from gateway.upstream import STATUS_ERRORS
 from proto import grpc_service_pb2 as pb
 from proto import switchboard_pb2 as sb
@@ -105,23 +105,8 @@ class GenerateStreamHandler(GenerateHandler):
         request, options = triton.generate_request_to_pb(model, version or "",
                                                          kserve.parse_json(self.body))
         stream = triton.GenerateStream(options)
-        call = self.track(self._stream_call(request, options))
-        responses = aiter(call)
-        first = await anext(responses)
-        self.set_header("Content-Type", CONTENT_TYPE)
-        self.set_header("Cache-Control", "no-cache")
-        if not await self.write_chunk(sse_event(stream.add(first.infer_response))):
-            return
-        try:
-            async for response in responses:
-                if not await self.write_chunk(sse_event(stream.add(response.infer_response))):
-                    return
-        except grpc.aio.AioRpcError as error:
-            if error.code() is grpc.StatusCode.CANCELLED:
-                return
-            self.log_exception(type(error), error, None)
-            await self.write_chunk(sse_event(self.error_body(*self.describe_error(error, 500))))
-        self.finish()
+        await self.relay(self.track(self._stream_call(request, options)),
+                         lambda response: [sse_event(stream.add(response.infer_response))])
 
 
 class StopInferHandler(Handler):

@@ -25,6 +25,7 @@ class Upstream:
                         else grpc.aio.insecure_channel(config.target, options))
         self.inference = pb_grpc.GRPCInferenceServiceStub(self.channel)
         self.management = sb_grpc.ManagementStub(self.channel)
+        self.generation = sb_grpc.GenerationStub(self.channel)
 
     async def close(self) -> None:
         await self.channel.close()

@@ -1,4 +1,4 @@
-"""The README's grpcurl call, curl calls and tritonclient snippets work as written (against test
+"""The README's grpcurl call, curl calls and client snippets work as written (against test
 processes: their addresses and certificate folder replace the default ones and tls/dev/)."""
 
 from __future__ import annotations
@@ -34,9 +34,21 @@ def test_readme_curl_calls_answer(gateway, pki) -> None:
     command = localize_gateway(snippet("### curl, over the gateway", "sh"), gateway, pki)
     ran = subprocess.run(["bash", "-ec", command], capture_output=True, text=True, timeout=300)
     assert ran.returncode == 0, ran.stderr
-    assert ran.stdout.count("Paris") == 2, ran.stdout  # /generate and /generate_stream
-    assert '"text_output"' in ran.stdout and '"output0"' in ran.stdout
-    assert '"total_slots"' in ran.stdout
+    assert '"text_output": " Paris' in ran.stdout, ran.stdout  # Triton's /generate
+    assert '"text_output":" Paris' in ran.stdout  # its stream
+    assert '"output0"' in ran.stdout and '"total_slots"' in ran.stdout
+    assert '"generated_text": " Paris' in ran.stdout  # TGI
+    assert '{"text": ["The capital of France is Paris' in ran.stdout  # vLLM's demo server
+    assert '"content": "The capital of France is Paris' in ran.stdout  # OpenAI chat
+
+
+def test_readme_openai_and_huggingface_hub_snippet_runs(gateway, pki) -> None:
+    code = localize_gateway(snippet("### openai and huggingface_hub", "python"), gateway, pki)
+    ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 0, ran.stderr
+    chat, tgi = ran.stdout.splitlines()[:2]
+    assert "Paris" in chat
+    assert tgi.startswith("TextGenerationOutput(generated_text=' Paris"), tgi
 
 
 def test_readme_tritonclient_http_snippet_runs(gateway, pki) -> None:

@@ -1,0 +1,269 @@
+"""Routes of TGI, vLLM's demo server and OpenAI, over switchboard.v1 Generate (and KServe v2
+for the model's name and limits)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import time
+from collections.abc import AsyncIterator, Iterable, Mapping
+
+import grpc
+
+from gateway.errors import RequestError
+from gateway.handler import Handler
+from gateway.protocols import openai, tgi, vllm
+from gateway.protocols.generation import Generation, field_in_protocol
+from gateway.protocols.kserve import parse_json
+from gateway.sse import sse_event
+from proto import grpc_service_pb2 as pb
+from proto import switchboard_pb2 as sb
+
+METADATA_TIMEOUT_S = 10.0
+DONE = b"data: [DONE]\n\n"
+
+
+class GenerationHandler(Handler):
+    """Calls Generate; errors name fields in the protocol's terms (`names`: the protocol's
+    names → MindIE's)."""
+
+    names: Mapping[str, str] = {}
+
+    def generate(self, request: sb.GenerateRequest, deadline_s: float
+                 ) -> grpc.aio.UnaryStreamCall:
+        return self.track(self.upstream.generation.Generate(request, timeout=deadline_s))
+
+    def describe_field_error(self, error: BaseException | None, status: int
+                             ) -> tuple[int, str, str | None]:
+        if isinstance(error, RequestError):
+            return error.status, error.message, error.field
+        status, message = self.describe_error(error, status)
+        if isinstance(error, grpc.aio.AioRpcError) \
+                and error.code() is grpc.StatusCode.INVALID_ARGUMENT:
+            field, message = field_in_protocol(message, self.names)
+            return status, message, field
+        return status, message, None
+
+    def error_document(self, error: BaseException | None, status: int) -> tuple[int, object]:
+        status, message, _ = self.describe_field_error(error, status)
+        return status, self.error_body(status, message)
+
+    async def model_names(self) -> list[str]:
+        index = await self.track(self.upstream.inference.RepositoryIndex(
+            pb.RepositoryIndexRequest(), timeout=METADATA_TIMEOUT_S))
+        return [model.name for model in index.models]
+
+
+class TgiHandler(GenerationHandler):
+    """TGI's routes: errors `{"error", "error_type"}`, validation failures 422."""
+
+    status_table = tgi.HTTP_STATUS
+    names = tgi.NAMES
+    stream: bool | None = False  # None: the body's `stream` decides (POST /)
+    compat = False  # POST / answers a one-element array
+
+    def describe_field_error(self, error: BaseException | None, status: int
+                             ) -> tuple[int, str, str | None]:
+        status, message, field = super().describe_field_error(error, status)
+        return (422 if status == 400 else status), message, field
+
+    def error_body(self, status: int, message: str) -> object:
+        return tgi.error_body(status, message)
+
+    async def post(self) -> None:
+        await self.generate_tgi(parse_json(self.body))
+
+    async def health(self) -> None:
+        """TGI's and vLLM's probe: 200 with an empty body when the model is ready, else 503."""
+        response = await self.track(self.upstream.inference.ServerReady(
+            pb.ServerReadyRequest(), timeout=METADATA_TIMEOUT_S))
+        if not response.ready:
+            raise RequestError(503, "unhealthy")
+        self.finish()
+
+    async def generate_tgi(self, document: object) -> None:
+        request, options = tgi.generate_request_to_pb(document, self.stream)
+        generation = Generation()
+        call = self.generate(request, options.deadline_s)
+        if options.stream:
+            def render(response: sb.GenerateResponse) -> Iterable[bytes]:
+                generation.add(response)
+                return [sse_event(tgi.stream_event(response, generation, options))]
+
+            await self.relay(call, render)
+            return
+        async for response in call:
+            generation.add(response)
+        reply = tgi.reply(generation, options)
+        self.write_json([reply] if self.compat else reply)
+
+
+class TgiStreamHandler(TgiHandler):
+    stream = True
+
+
+class TgiCompatHandler(TgiHandler):
+    """POST /: TGI's compat route; GET /: its health probe."""
+
+    stream = None
+    compat = True
+
+    async def get(self) -> None:
+        await self.health()
+
+
+class SharedGenerateHandler(TgiHandler):
+    """POST /generate: TGI's (`inputs`) or vLLM's demo server's (`prompt`) by the body."""
+
+    async def post(self) -> None:
+        document = parse_json(self.body)
+        if tgi.is_tgi(document):
+            await self.generate_tgi(document)
+            return
+        self.names = vllm.NAMES
+        request, prompt, stream, deadline_s = vllm.generate_request_to_pb(document)
+        generation = Generation()
+        call = self.generate(request, deadline_s)
+        if stream:
+            def render(response: sb.GenerateResponse) -> Iterable[bytes]:
+                generation.add(response)
+                return [vllm.stream_line(generation, prompt)]
+
+            await self.relay(call, render, content_type="application/json",
+                             error_event=vllm.stream_error)
+            return
+        async for response in call:
+            generation.add(response)
+        self.write_json(vllm.texts(generation, prompt))
+
+
+class InfoHandler(TgiHandler):
+    async def get(self) -> None:
+        names = await self.model_names()
+        if not names:
+            raise RequestError(503, "no model is loaded")
+        config = await self.track(self.upstream.inference.ModelConfig(
+            pb.ModelConfigRequest(name=names[0]), timeout=METADATA_TIMEOUT_S))
+        metadata = await self.track(self.upstream.inference.ServerMetadata(
+            pb.ServerMetadataRequest(), timeout=METADATA_TIMEOUT_S))
+        parameters = {name: value.string_value
+                      for name, value in config.config.parameters.items()}
+        self.write_json(tgi.info_json(names[0], parameters, metadata.version))
+
+
+class HealthHandler(TgiHandler):
+    async def get(self) -> None:
+        await self.health()
+
+
+class OpenAIHandler(GenerationHandler):
+    """OpenAI's routes: errors `{"error": {"message", "type", "param", "code"}}`."""
+
+    status_table = openai.HTTP_STATUS
+
+    def error_document(self, error: BaseException | None, status: int) -> tuple[int, object]:
+        status, message, field = self.describe_field_error(error, status)
+        return status, openai.error_body(status, message, field)
+
+
+class ModelsHandler(OpenAIHandler):
+    async def get(self, model: str | None = None) -> None:
+        names = await self.model_names()
+        created = int(time.time())
+        if model is None:
+            self.write_json(openai.models_json(names, created))
+        elif model in names:
+            self.write_json(openai.model_json(model, created))
+        else:
+            raise RequestError(404, f"the model {model!r} does not exist", "model")
+
+
+class CompletionsHandler(OpenAIHandler):
+    """/v1/chat/completions and /v1/completions (`chat` chooses)."""
+
+    chat = False
+
+    async def post(self) -> None:
+        document = parse_json(self.body)
+        calls, options = (openai.chat_request_to_pb(document) if self.chat
+                          else openai.completion_request_to_pb(document))
+        self.names = options.names
+        if not options.model:
+            options = dataclasses.replace(options, model=(await self.model_names() or [""])[0])
+        generations = [Generation() for _ in calls]
+        streams = [self.generate(call.request, options.deadline_s) for call in calls]
+        if not options.stream:
+            async for call_index, response in _merged(streams):
+                generations[call_index].add(response)
+            self.write_json(openai.reply(calls, generations, options))
+            return
+        sent_chars: dict[int, int] = {}  # per choice: the length of its text streamed so far
+
+        def render(item: tuple[int, sb.GenerateResponse]) -> Iterable[bytes]:
+            call_index, response = item
+            generations[call_index].add(response)
+            index = openai.choice_index(options, call_index, response.index)
+            chunks = []
+            delta = response.text
+            if index not in sent_chars:
+                sent_chars[index] = 0
+                if options.echo:
+                    delta = openai.echo_text(calls[call_index], generations[call_index]) + delta
+                if self.chat:
+                    chunks.append(sse_event(openai.chunk(options, index, role=True)))
+            offset = sent_chars[index] + len(delta) - len(response.text)
+            sent_chars[index] += len(delta)
+            chunks.append(sse_event(openai.chunk(options, index, delta_text=delta,
+                                                 tokens=list(response.tokens), text_offset=offset,
+                                                 finish_reason=response.finish_reason)))
+            return chunks
+
+        def end() -> bytes:
+            usage = sse_event(openai.usage_chunk(generations, options)) \
+                if options.include_usage else b""
+            return usage + DONE
+
+        await self.relay(_merged(streams), render, end=end,
+                         error_event=lambda body: sse_event(body) + DONE)
+
+
+class ChatCompletionsHandler(CompletionsHandler):
+    chat = True
+
+
+async def _merged(calls: list[grpc.aio.UnaryStreamCall]
+                  ) -> AsyncIterator[tuple[int, sb.GenerateResponse]]:
+    """The responses of several calls as they come, each with its call's index."""
+    if len(calls) == 1:
+        async for response in calls[0]:
+            yield 0, response
+        return
+    inbox: asyncio.Queue[tuple[int, sb.GenerateResponse | BaseException | None]] = asyncio.Queue()
+
+    async def pump(index: int, call: grpc.aio.UnaryStreamCall) -> None:
+        try:
+            async for response in call:
+                inbox.put_nowait((index, response))
+        except BaseException as error:
+            inbox.put_nowait((index, error))
+        else:
+            inbox.put_nowait((index, None))
+
+    tasks = [asyncio.create_task(pump(index, call)) for index, call in enumerate(calls)]
+    try:
+        remaining = len(calls)
+        while remaining:
+            index, item = await inbox.get()
+            if isinstance(item, BaseException):
+                raise item
+            if item is None:
+                remaining -= 1
+            else:
+                yield index, item
+    finally:
+        for task, call in zip(tasks, calls):
+            task.cancel()
+            call.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,117 @@
+"""What the TGI, vLLM and OpenAI translators share: a switchboard.v1 GenerateRequest built
+from a protocol's parameters, a generation's responses collected per sequence, and the
+server's error messages told in the protocol's own field names."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from gateway.errors import bad_request
+from gateway.protocols.parameters import set_parameters
+from proto import switchboard_pb2 as sb
+
+# The server's InvalidRequest messages start with the field's name.
+_FIELD = re.compile(r"(?P<field>[A-Za-z_][\w.\[\]]*): (?P<reason>.*)", re.DOTALL)
+
+
+def generate_request(model: str, prompt: str | list[int] | sb.ChatMessages,
+                     parameters: Mapping[str, object], client_id: str = ""
+                     ) -> tuple[sb.GenerateRequest, float]:
+    """The request (an empty model names the served one) and the call's deadline in seconds."""
+    request = sb.GenerateRequest(model_name=model, id=client_id)
+    if isinstance(prompt, str):
+        request.text = prompt
+    elif isinstance(prompt, sb.ChatMessages):
+        request.messages.CopyFrom(prompt)
+    else:
+        request.token_ids.ids.extend(prompt)
+    if isinstance(parameters.get("stop"), str):
+        # One stop string travels as a one-element list: a string starting with "[" would
+        # otherwise read as a JSON array on the server.
+        parameters = {**parameters, "stop": [parameters["stop"]]}
+    return request, set_parameters(request.parameters, parameters)
+
+
+def renamed(values: Mapping[str, object], names: Mapping[str, str]) -> dict[str, object]:
+    """A protocol's parameters under MindIE's names; nulls dropped, unnamed ones kept as is
+    (the server refuses unknown names)."""
+    return {names.get(name, name): value for name, value in values.items() if value is not None}
+
+
+def field_in_protocol(message: str, names: Mapping[str, str]) -> tuple[str | None, str]:
+    """The field a server message names, and the message, both under the protocol's names
+    (`names` maps the protocol's names to MindIE's)."""
+    match = _FIELD.fullmatch(message)
+    if match is None:
+        return None, message
+    server_field = match["field"]
+    base = re.split(r"[.\[]", server_field, maxsplit=1)[0]
+    ours = {server: protocol for protocol, server in names.items()}.get(base)
+    if ours is None:
+        return server_field, message
+    protocol_field = ours + server_field[len(base):]
+    return protocol_field, f"{protocol_field}: {match['reason']}"
+
+
+@dataclass(slots=True)
+class SequenceResult:
+    """One generated sequence, as its responses arrive."""
+
+    index: int
+    text: list[str] = field(default_factory=list)
+    tokens: list[sb.Token] = field(default_factory=list)
+    finish_reason: str = ""
+    generated_tokens: int = 0
+    seed: int = 0
+
+    @property
+    def generated_text(self) -> str:
+        return "".join(self.text)
+
+    @property
+    def cumulative_logprob(self) -> float:
+        return sum(token.logprob for token in self.tokens)
+
+    def add(self, response: sb.GenerateResponse) -> None:
+        self.text.append(response.text)
+        self.tokens.extend(response.tokens)
+        self.finish_reason = response.finish_reason
+        self.generated_tokens = response.generated_tokens
+        self.seed = response.seed
+
+
+@dataclass(slots=True)
+class Generation:
+    """A request's responses, per sequence, with the prompt's counts (and its tokens, when
+    asked for with prompt_logprobs)."""
+
+    sequences: dict[int, SequenceResult] = field(default_factory=dict)
+    prompt: list[sb.Token] = field(default_factory=list)
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+
+    def add(self, response: sb.GenerateResponse) -> SequenceResult:
+        self.prompt_tokens = response.prompt_tokens
+        self.cached_tokens = response.cached_tokens
+        self.prompt.extend(response.prompt)
+        sequence = self.sequences.setdefault(response.index, SequenceResult(response.index))
+        sequence.add(response)
+        return sequence
+
+    def ordered(self) -> list[SequenceResult]:
+        return [self.sequences[index] for index in sorted(self.sequences)]
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(sequence.generated_tokens for sequence in self.sequences.values())
+
+
+def optional_bool(values: Mapping[str, object], name: str, default: bool = False) -> bool:
+    value = values.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise bad_request(name, "must be true or false")
+    return value

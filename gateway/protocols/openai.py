@@ -1,0 +1,350 @@
+"""OpenAI's API (as vLLM serves it) ⇄ switchboard.v1 Generate: /v1/models,
+/v1/chat/completions and /v1/completions, streamed as `chat.completion.chunk` /
+`text_completion` SSE chunks ending with `data: [DONE]`.
+
+Chat messages are rendered with the model's chat template on the server. `temperature` 0
+means greedy; absent, the request samples at temperature 1 (OpenAI's default). Without
+`max_tokens`, generation runs to the end of the turn within the server's limits (maxIterTimes,
+maxSeqLen). vLLM's sampling extras (top_k, repetition_penalty, min_tokens, ignore_eos,
+stop_token_ids) are accepted too.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import grpc
+
+from gateway.errors import bad_request
+from gateway.protocols.generation import (Generation, SequenceResult, generate_request,
+                                          optional_bool, renamed)
+from gateway.protocols.kserve import optional_string, require_object
+from gateway.protocols.parameters import json_type
+from proto import switchboard_pb2 as sb
+
+UNLIMITED = 2**31 - 1  # max_new_tokens that the server caps at its limits
+COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's /v1/completions default
+NAMES = {"max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens"}
+# Chat's errors about the prompt name its messages; about the length, the field it used.
+CHAT_NAMES = {**NAMES, "messages": "prompt"}
+CHAT_NAMES_NEW_MAX = {**CHAT_NAMES, "max_completion_tokens": "max_new_tokens"}
+CHAT_NAMES_NEW_MAX.pop("max_tokens")
+COMPLETION_NAMES = {**NAMES, "logprobs": "top_logprobs"}
+SAMPLING_FIELDS = frozenset({"temperature", "top_p", "n", "stop", "seed", "presence_penalty",
+                             "frequency_penalty", "top_k", "repetition_penalty", "min_tokens",
+                             "ignore_eos", "stop_token_ids"})
+# Accepted and without effect here (OpenAI's bookkeeping fields).
+IGNORED_FIELDS = frozenset({"user", "store", "metadata", "service_tier", "parallel_tool_calls"})
+CHAT_FIELDS = SAMPLING_FIELDS | IGNORED_FIELDS | {
+    "model", "messages", "max_tokens", "max_completion_tokens", "logprobs", "top_logprobs",
+    "stream", "stream_options", "tools", "tool_choice", "response_format", "logit_bias"}
+COMPLETION_FIELDS = SAMPLING_FIELDS | IGNORED_FIELDS | {
+    "model", "prompt", "max_tokens", "logprobs", "echo", "best_of", "stream", "stream_options",
+    "suffix", "logit_bias"}
+FINISH_REASONS = {"length": "length", "eos_token": "stop", "stop_sequence": "stop",
+                  "stopped": "stop"}
+HTTP_STATUS = {
+    grpc.StatusCode.INVALID_ARGUMENT: 400,
+    grpc.StatusCode.NOT_FOUND: 404,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
+    grpc.StatusCode.UNAVAILABLE: 503,
+    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
+    grpc.StatusCode.UNAUTHENTICATED: 401,
+    grpc.StatusCode.PERMISSION_DENIED: 403,
+}
+ERROR_TYPES = {400: "invalid_request_error", 413: "invalid_request_error",
+               404: "not_found_error", 401: "authentication_error", 403: "permission_error",
+               429: "rate_limit_error", 504: "timeout_error"}
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One upstream request of an OpenAI request (a completion's prompt list makes several)."""
+
+    request: sb.GenerateRequest
+    prompt_text: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class OpenAIOptions:
+    kind: str  # "chat.completion" or "text_completion"
+    model: str
+    stream: bool
+    include_usage: bool
+    logprobs: bool
+    echo: bool
+    n: int
+    deadline_s: float
+    # The protocol's field names → MindIE's, for the server's error messages.
+    names: Mapping[str, str]
+    id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def response_id(self) -> str:
+        return ("chatcmpl-" if self.kind == "chat.completion" else "cmpl-") + self.id
+
+
+def chat_request_to_pb(document: object) -> tuple[list[Call], OpenAIOptions]:
+    document = _checked(document, CHAT_FIELDS)
+    messages = document.get("messages")
+    if not isinstance(messages, list):
+        raise bad_request("messages", f"must be an array of messages; got {json_type(messages)}")
+    if document.get("tools"):
+        raise bad_request("tools", "tool calling is not supported")
+    if document.get("tool_choice") not in (None, "none"):
+        raise bad_request("tool_choice", "tool calling is not supported")
+    response_format = document.get("response_format")
+    if response_format is not None and response_format != {"type": "text"}:
+        raise bad_request("response_format", "only {\"type\": \"text\"} is supported")
+    values = _sampling(document)
+    newer = _max_tokens(document, "max_completion_tokens")
+    older = _max_tokens(document, "max_tokens")
+    values["max_new_tokens"] = newer if newer is not None else older \
+        if older is not None else UNLIMITED
+    logprobs = optional_bool(document, "logprobs")
+    values.update(logprobs=logprobs, top_logprobs=document.get("top_logprobs"))
+    request, deadline_s = generate_request(_model(document), _messages(messages), values)
+    names = CHAT_NAMES_NEW_MAX if newer is not None else CHAT_NAMES
+    return [Call(request, None)], _options(document, "chat.completion", logprobs, False,
+                                           deadline_s, names)
+
+
+def completion_request_to_pb(document: object) -> tuple[list[Call], OpenAIOptions]:
+    document = _checked(document, COMPLETION_FIELDS)
+    if document.get("suffix") is not None:
+        raise bad_request("suffix", "is not supported")
+    prompts = _prompts(document.get("prompt"))
+    echo = optional_bool(document, "echo")
+    values = _sampling(document)
+    max_tokens = _max_tokens(document, "max_tokens")
+    values["max_new_tokens"] = COMPLETION_DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens
+    values["best_of"] = document.get("best_of")
+    top = document.get("logprobs")
+    if top is not None:
+        values.update(logprobs=True, top_logprobs=top)
+    calls = []
+    deadline_s = 0.0
+    for prompt in prompts:
+        # Echoing a prompt of token ids needs its text: the server sends its tokens back.
+        prompt_values = {**values, "prompt_logprobs": True} if echo and not isinstance(
+            prompt, str) else values
+        request, deadline_s = generate_request(_model(document), prompt, prompt_values)
+        calls.append(Call(request, prompt if isinstance(prompt, str) else None))
+    return calls, _options(document, "text_completion", top is not None, echo, deadline_s,
+                           COMPLETION_NAMES)
+
+
+def _checked(document: object, fields: frozenset[str]) -> dict[str, object]:
+    document = require_object(document, "the body")
+    unknown = sorted(set(document) - fields)
+    if unknown:
+        raise bad_request(unknown[0], "unknown field")
+    if document.get("logit_bias"):
+        raise bad_request("logit_bias", "is not supported")
+    return document
+
+
+def _model(document: Mapping[str, object]) -> str:
+    return optional_string(document, "model")
+
+
+def _sampling(document: Mapping[str, object]) -> dict[str, object]:
+    values = renamed({name: document.get(name) for name in SAMPLING_FIELDS}, NAMES)
+    temperature = values.get("temperature")
+    if temperature == 0:
+        del values["temperature"]
+        values["do_sample"] = False
+    elif temperature is None:
+        values["do_sample"] = True
+    return values
+
+
+def _max_tokens(document: Mapping[str, object], name: str) -> int | None:
+    value = document.get(name)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+        raise bad_request(name, f"must be an integer; got {json_type(value)}")
+    return value
+
+
+def _options(document: Mapping[str, object], kind: str, logprobs: bool, echo: bool,
+             deadline_s: float, names: Mapping[str, str]) -> OpenAIOptions:
+    stream = optional_bool(document, "stream")
+    stream_options = document.get("stream_options")
+    if stream_options is not None:
+        if not stream:
+            raise bad_request("stream_options", "can only be given with stream: true")
+        stream_options = require_object(stream_options, "stream_options")
+    n = document.get("n")
+    return OpenAIOptions(kind=kind, model=_model(document), stream=stream,
+                         include_usage=optional_bool(stream_options or {}, "include_usage"),
+                         logprobs=logprobs, echo=echo,
+                         n=n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 1,
+                         deadline_s=deadline_s, names=names)
+
+
+def _messages(messages: list[object]) -> sb.ChatMessages:
+    result = sb.ChatMessages()
+    for index, message in enumerate(messages):
+        where = f"messages[{index}]"
+        message = require_object(message, where)
+        role = message.get("role")
+        if not isinstance(role, str):
+            raise bad_request(f"{where}.role", f"must be a string; got {json_type(role)}")
+        result.messages.add(role=role, content=_content(message.get("content"), where))
+    return result
+
+
+def _content(content: object, where: str) -> str:
+    """A string, or OpenAI's list of parts of which only text ones are supported."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    if not isinstance(content, list):
+        raise bad_request(f"{where}.content", f"must be a string or an array of text parts; "
+                          f"got {json_type(content)}")
+    texts = []
+    for index, part in enumerate(content):
+        part = require_object(part, f"{where}.content[{index}]")
+        if part.get("type") != "text" or not isinstance(part.get("text"), str):
+            raise bad_request(f"{where}.content[{index}]", "only text parts are supported")
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
+def _prompts(prompt: object) -> list[str | list[int]]:
+    """A string, a list of strings, a list of token ids, or a list of lists of token ids."""
+    def is_ids(value: object) -> bool:
+        return isinstance(value, list) and bool(value) and all(
+            isinstance(i, int) and not isinstance(i, bool) for i in value)
+
+    if isinstance(prompt, str) or is_ids(prompt):
+        return [prompt]
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str) or is_ids(p) for p in prompt):
+        return list(prompt)
+    raise bad_request("prompt", "must be a string, an array of strings, an array of token ids "
+                      "or an array of arrays of token ids")
+
+
+def _header(options: OpenAIOptions, obj: str) -> dict[str, object]:
+    return {"id": options.response_id, "object": obj, "created": options.created,
+            "model": options.model}
+
+
+def _bytes(text: str) -> list[int]:
+    return list(text.encode())
+
+
+def _content_tokens(tokens: list[sb.Token]) -> list[sb.Token]:
+    """The tokens whose text is in the reply: special ones (the end of the turn) are not."""
+    return [token for token in tokens if not token.special]
+
+
+def _chat_logprobs(tokens: list[sb.Token]) -> dict[str, object]:
+    return {"content": [{"token": t.text, "logprob": t.logprob, "bytes": _bytes(t.text),
+                         "top_logprobs": [{"token": top.text, "logprob": top.logprob,
+                                           "bytes": _bytes(top.text)} for top in t.top]}
+                        for t in _content_tokens(tokens)]}
+
+
+def _completion_logprobs(tokens: list[sb.Token], offset: int) -> dict[str, object]:
+    tokens = _content_tokens(tokens)
+    offsets = []
+    for token in tokens:
+        offsets.append(offset)
+        offset += len(token.text)
+    return {"tokens": [t.text for t in tokens],
+            "token_logprobs": [t.logprob if t.HasField("logprob") else None for t in tokens],
+            "top_logprobs": [{top.text: top.logprob for top in t.top} or None for t in tokens],
+            "text_offset": offsets}
+
+
+def choice_index(options: OpenAIOptions, call_index: int, sequence_index: int) -> int:
+    return call_index * options.n + sequence_index
+
+
+def echo_text(call: Call, generation: Generation) -> str:
+    if call.prompt_text is not None:
+        return call.prompt_text
+    return "".join(token.text for token in generation.prompt)
+
+
+def reply(calls: list[Call], generations: list[Generation], options: OpenAIOptions
+          ) -> dict[str, object]:
+    choices = []
+    for call_index, (call, generation) in enumerate(zip(calls, generations)):
+        for position, sequence in enumerate(generation.ordered()):
+            index = choice_index(options, call_index, position)
+            reason = FINISH_REASONS.get(sequence.finish_reason, sequence.finish_reason)
+            if options.kind == "chat.completion":
+                choices.append({"index": index,
+                                "message": {"role": "assistant",
+                                            "content": sequence.generated_text},
+                                "logprobs": _chat_logprobs(sequence.tokens) if options.logprobs
+                                else None,
+                                "finish_reason": reason})
+            else:
+                prefix = echo_text(call, generation) if options.echo else ""
+                choices.append({"index": index, "text": prefix + sequence.generated_text,
+                                "logprobs": _completion_logprobs(sequence.tokens, len(prefix))
+                                if options.logprobs else None,
+                                "finish_reason": reason})
+    return {**_header(options, options.kind), "choices": choices, "usage": usage(generations),
+            "system_fingerprint": None}
+
+
+def usage(generations: list[Generation]) -> dict[str, object]:
+    prompt = sum(g.prompt_tokens for g in generations)
+    completion = sum(g.completion_tokens for g in generations)
+    cached = sum(g.cached_tokens for g in generations)
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}
+
+
+def chunk(options: OpenAIOptions, index: int, *, delta_text: str | None = None,
+          role: bool = False, tokens: list[sb.Token] | None = None, text_offset: int = 0,
+          finish_reason: str = "") -> dict[str, object]:
+    """One streamed chunk for choice `index`; `text_offset`: where its tokens' text starts in
+    the choice's text (completions' logprobs)."""
+    reason = FINISH_REASONS.get(finish_reason, finish_reason) or None
+    if options.kind == "chat.completion":
+        delta: dict[str, object] = {"role": "assistant", "content": ""} if role else {}
+        if delta_text:
+            delta["content"] = delta_text
+        choice: dict[str, object] = {"index": index, "delta": delta,
+                                     "logprobs": _chat_logprobs(tokens) if options.logprobs
+                                     and tokens else None,
+                                     "finish_reason": reason}
+        obj = "chat.completion.chunk"
+    else:
+        choice = {"index": index, "text": delta_text or "",
+                  "logprobs": _completion_logprobs(tokens, text_offset)
+                  if options.logprobs and tokens
+                  else None,
+                  "finish_reason": reason}
+        obj = "text_completion"
+    document = {**_header(options, obj), "choices": [choice]}
+    if options.include_usage:
+        document["usage"] = None
+    return document
+
+
+def usage_chunk(generations: list[Generation], options: OpenAIOptions) -> dict[str, object]:
+    obj = "chat.completion.chunk" if options.kind == "chat.completion" else "text_completion"
+    return {**_header(options, obj), "choices": [], "usage": usage(generations)}
+
+
+def models_json(model_names: list[str], created: int) -> dict[str, object]:
+    return {"object": "list", "data": [model_json(name, created) for name in model_names]}
+
+
+def model_json(name: str, created: int) -> dict[str, object]:
+    return {"id": name, "object": "model", "created": created, "owned_by": "switchboard"}
+
+
+def error_body(status: int, message: str, param: str | None) -> dict[str, object]:
+    return {"error": {"message": message, "type": ERROR_TYPES.get(status, "server_error"),
+                      "param": param, "code": status}}

@@ -1,0 +1,206 @@
+"""Text Generation Inference's API (TGI 0.9.4 as MindIE documents it, and what TGI's clients
+send today) ⇄ switchboard.v1 Generate.
+
+Request `{"inputs", "parameters": {...}, "stream"}`; reply `{"generated_text", "details"}`
+(POST / answers a one-element array, as TGI does); streams send one
+`{"index", "token", "generated_text": null, "details": null}` event per token, the last
+with the whole text and the details. Token log-probabilities are always asked for: TGI's
+replies carry them. best_of > 1 generates best_of sequences and answers with the most likely
+(highest cumulative log-probability), the others in `best_of_sequences`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import grpc
+
+from gateway.errors import bad_request
+from gateway.protocols.generation import (Generation, SequenceResult, generate_request,
+                                          optional_bool, renamed)
+from gateway.protocols.kserve import require_object
+from gateway.protocols.parameters import json_type
+from proto import switchboard_pb2 as sb
+
+# TGI's names → MindIE's, where they differ; the other generation parameters share names.
+NAMES = {"inputs": "prompt", "top_n_tokens": "top_logprobs",
+         "decoder_input_details": "prompt_logprobs", "best_of": "n"}
+GENERATION_PARAMETERS = frozenset({"best_of", "do_sample", "max_new_tokens", "repetition_penalty",
+                                   "frequency_penalty", "seed", "stop", "temperature", "top_k",
+                                   "top_p", "typical_p", "watermark", "truncate", "top_n_tokens",
+                                   "decoder_input_details"})
+RENDERING_PARAMETERS = frozenset({"details", "return_full_text"})
+UNSUPPORTED = {"grammar": "grammar is not supported",
+               "adapter_id": "LoRA adapters are not supported"}
+HTTP_STATUS = {
+    grpc.StatusCode.INVALID_ARGUMENT: 422,
+    grpc.StatusCode.NOT_FOUND: 404,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
+    grpc.StatusCode.UNAVAILABLE: 503,
+    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
+    grpc.StatusCode.INTERNAL: 424,
+    grpc.StatusCode.UNAUTHENTICATED: 401,
+    grpc.StatusCode.PERMISSION_DENIED: 403,
+}
+ERROR_TYPES = {400: "validation", 413: "validation", 422: "validation", 429: "overloaded",
+               424: "generation", 503: "healthcheck", 504: "timeout", 404: "not_found"}
+
+
+@dataclass(frozen=True, slots=True)
+class TgiOptions:
+    stream: bool
+    details: bool
+    prompt_details: bool
+    return_full_text: bool
+    top_n_tokens: int
+    best_of: int
+    inputs: str
+    deadline_s: float
+
+
+def is_tgi(document: object) -> bool:
+    """POST /generate is shared with vLLM's demo server: a body with `prompt` is vLLM's."""
+    return not (isinstance(document, dict) and "prompt" in document and "inputs" not in document)
+
+
+def generate_request_to_pb(document: object, stream: bool | None
+                           ) -> tuple[sb.GenerateRequest, TgiOptions]:
+    """`stream` None: the body's `stream` decides (POST /)."""
+    document = require_object(document, "the body")
+    inputs = document.get("inputs")
+    if not isinstance(inputs, str):
+        raise bad_request("inputs", f"must be a string; got {json_type(inputs)}")
+    if stream is None:
+        stream = optional_bool(document, "stream")
+    raw = document.get("parameters")
+    # TGI: with no `parameters` at all, sampling is on (its default_parameters()).
+    parameters = dict(require_object(raw, "parameters")) if raw is not None else {"do_sample": True}
+    for name, reason in UNSUPPORTED.items():
+        if parameters.get(name) is not None:
+            raise bad_request(name, reason)
+    unknown = sorted(set(parameters) - GENERATION_PARAMETERS - RENDERING_PARAMETERS
+                     - set(UNSUPPORTED))
+    if unknown:
+        raise bad_request(unknown[0], "unknown parameter")
+    options = TgiOptions(
+        stream=stream,
+        details=optional_bool(parameters, "details"),
+        prompt_details=optional_bool(parameters, "decoder_input_details"),
+        return_full_text=optional_bool(parameters, "return_full_text"),
+        top_n_tokens=_count(parameters, "top_n_tokens", 0),
+        best_of=_count(parameters, "best_of", 1),
+        inputs=inputs,
+        deadline_s=0.0,
+    )
+    if stream and options.best_of > 1:
+        raise bad_request("best_of", "`best_of` != 1 is not supported when streaming tokens")
+    if stream and options.prompt_details:
+        raise bad_request("decoder_input_details", "`decoder_input_details` == true is not "
+                          "supported when streaming tokens")
+    values = renamed({name: parameters.get(name) for name in GENERATION_PARAMETERS}, NAMES)
+    # best_of travels as n: every sequence comes back, and the best is chosen here. TGI's
+    # generated text keeps the stop sequence that ended it.
+    values.update(logprobs=True, include_stop_str_in_output=True)
+    request, deadline_s = generate_request("", inputs, values)
+    return request, dataclasses.replace(options, deadline_s=deadline_s)
+
+
+def _count(parameters: Mapping[str, object], name: str, default: int) -> int:
+    """A count that shapes the reply; its range is the server's to check."""
+    value = parameters.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise bad_request(name, f"must be an integer; got {json_type(value)}")
+    return value
+
+
+def token_json(token: sb.Token) -> dict[str, object]:
+    return {"id": token.id, "text": token.text,
+            "logprob": token.logprob if token.HasField("logprob") else None,
+            "special": token.special}
+
+
+def reply(generation: Generation, options: TgiOptions) -> dict[str, object]:
+    sequences = sorted(generation.ordered(), key=lambda s: -s.cumulative_logprob)
+    best, others = sequences[0], sequences[1:]
+    response: dict[str, object] = {"generated_text": _text(best, options)}
+    if options.details:
+        details = _details(best, generation, options)
+        if others:
+            details["best_of_sequences"] = [
+                {"generated_text": _text(other, options), **_details(other, generation, options)}
+                for other in others]
+        response["details"] = details
+    return response
+
+
+def _details(sequence: SequenceResult, generation: Generation, options: TgiOptions
+             ) -> dict[str, object]:
+    details: dict[str, object] = {
+        "finish_reason": sequence.finish_reason,
+        "generated_tokens": sequence.generated_tokens,
+        "seed": sequence.seed,
+        "prompt_tokens": generation.prompt_tokens,
+        "prefill": [{"id": t.id, "text": t.text,
+                     "logprob": t.logprob if t.HasField("logprob") else None}
+                    for t in generation.prompt],
+        "tokens": [token_json(token) for token in sequence.tokens],
+    }
+    if options.top_n_tokens:
+        details["top_tokens"] = [[token_json(top) for top in token.top]
+                                 for token in sequence.tokens]
+    return details
+
+
+def _text(sequence: SequenceResult, options: TgiOptions) -> str:
+    prefix = options.inputs if options.return_full_text else ""
+    return prefix + sequence.generated_text
+
+
+def stream_event(response: sb.GenerateResponse, generation: Generation, options: TgiOptions
+                 ) -> dict[str, object]:
+    """The event for one response (already added to `generation`)."""
+    sequence = generation.sequences[response.index]
+    event: dict[str, object] = {
+        "index": len(sequence.tokens),  # TGI counts a stream's events from 1
+        "token": token_json(response.tokens[0]) if response.tokens else None,
+        "generated_text": None,
+        "details": None,
+    }
+    if options.top_n_tokens and response.tokens:
+        event["top_tokens"] = [token_json(top) for top in response.tokens[0].top]
+    if response.finish_reason:
+        event["generated_text"] = _text(sequence, options)
+    if response.finish_reason and options.details:
+        event["details"] = {"finish_reason": sequence.finish_reason,
+                            "generated_tokens": sequence.generated_tokens,
+                            "seed": sequence.seed,
+                            "prompt_tokens": generation.prompt_tokens,
+                            "input_length": generation.prompt_tokens}
+    return event
+
+
+def error_body(status: int, message: str) -> dict[str, object]:
+    return {"error": message, "error_type": ERROR_TYPES.get(status, "generation")}
+
+
+def info_json(model_name: str, parameters: Mapping[str, str], version: str) -> dict[str, object]:
+    """GET /info from the model's config parameters (max_seq_len, max_input_len)."""
+    def limit(name: str) -> int | None:
+        value = parameters.get(name)
+        return int(value) if value is not None else None
+
+    return {
+        "model_id": model_name, "model_sha": None, "model_dtype": None,
+        "model_device_type": None, "model_pipeline_tag": "text-generation",
+        "max_concurrent_requests": None, "max_best_of": limit("max_sequences"),
+        "max_stop_sequences": limit("max_stop_sequences"),
+        "max_input_length": limit("max_input_len"), "max_input_tokens": limit("max_input_len"),
+        "max_total_tokens": limit("max_seq_len"), "validation_workers": None,
+        "max_client_batch_size": 1, "router": "switchboard", "version": version,
+        "sha": None, "docker_label": None,
+    }
+

@@ -1,0 +1,285 @@
+"""The gateway's OpenAI routes end to end: the real `openai` SDK (and http.client, to drop a
+stream) → gateway (Tornado, mutual TLS) → gRPC server (mutual TLS) → the real model.
+
+Runs with the other tests under tests/peers (their own pytest process: tritonclient); it
+imports none of our packages but the stdlib helpers in gateway_clients.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+
+import httpx2
+import openai
+import pytest
+from gateway_clients import MODEL, OpenStream, connect, poll, request, ssl_context
+
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+FRANCE = "The capital of France is"
+ITALY = "The capital of Italy is"
+FRANCE_PROMPT_TOKENS = 5  # [504, 3575, 282, 4649, 314] in SmolLM2's vocabulary
+SLOTS_BACK_WITHIN_S = 3.0
+
+
+@pytest.fixture(scope="module")
+def client(gateway, client_files) -> Iterator[openai.OpenAI]:
+    """The SDK over mutual TLS; no retries, so that every refusal is seen as sent."""
+    http = httpx2.Client(verify=ssl_context(client_files), timeout=120)
+    sdk = openai.OpenAI(base_url=gateway.url("business") + "/v1", api_key="unused",
+                        http_client=http, max_retries=0)
+    yield sdk
+    sdk.close()
+
+
+@pytest.fixture(scope="module")
+def greedy_chat(client):
+    return client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0,
+                                          max_tokens=16)
+
+
+@pytest.fixture(scope="module")
+def greedy_completion(client):
+    return client.completions.create(model=MODEL, prompt=FRANCE, temperature=0, max_tokens=4)
+
+
+def assert_still_serving(client: openai.OpenAI) -> None:
+    reply = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=1)
+    assert len(reply.choices) == 1 and reply.usage.completion_tokens == 1
+
+
+# Chat ----------------------------------------------------------------------------------------
+
+def test_chat_completion_answers_paris(greedy_chat) -> None:
+    assert greedy_chat.object == "chat.completion"
+    assert greedy_chat.model == MODEL
+    assert greedy_chat.id.startswith("chatcmpl-")
+    [choice] = greedy_chat.choices
+    assert choice.index == 0
+    assert choice.message.role == "assistant"
+    assert "Paris" in choice.message.content
+    assert choice.finish_reason in ("stop", "length")
+    assert choice.logprobs is None
+    usage = greedy_chat.usage
+    assert usage.prompt_tokens > 0 and 1 <= usage.completion_tokens <= 16
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+
+
+def test_streamed_chat_yields_the_same_text_and_a_usage_chunk(client, greedy_chat) -> None:
+    chunks = list(client.chat.completions.create(
+        model=MODEL, messages=QUESTION, temperature=0, max_tokens=16, stream=True,
+        stream_options={"include_usage": True}))
+    *content_chunks, last = chunks
+    assert all(chunk.object == "chat.completion.chunk" for chunk in chunks)
+    assert len({chunk.id for chunk in chunks}) == 1
+    assert content_chunks[0].choices[0].delta.role == "assistant"
+    assert all(chunk.usage is None and [c.index for c in chunk.choices] == [0]
+               for chunk in content_chunks)
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in content_chunks)
+    assert text == greedy_chat.choices[0].message.content
+    reasons = [chunk.choices[0].finish_reason for chunk in content_chunks]
+    assert reasons[-1] == greedy_chat.choices[0].finish_reason
+    assert reasons[:-1] == [None] * (len(reasons) - 1)
+    # The usage chunk: no choices, the whole request's counts.
+    assert last.choices == []
+    usage = last.usage
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+    assert (usage.prompt_tokens, usage.completion_tokens) == \
+        (greedy_chat.usage.prompt_tokens, greedy_chat.usage.completion_tokens)
+
+
+def test_models_list_and_retrieve(client) -> None:
+    models = client.models.list()
+    assert MODEL in [model.id for model in models.data]
+    model = client.models.retrieve(MODEL)
+    assert (model.id, model.object) == (MODEL, "model")
+    with pytest.raises(openai.NotFoundError) as refused:
+        client.models.retrieve("no-such-model")
+    assert refused.value.status_code == 404
+
+
+def test_n_2_with_a_seed_gives_two_reproducible_choices(client) -> None:
+    def ask():
+        return client.chat.completions.create(model=MODEL, messages=QUESTION, n=2, seed=1234,
+                                              temperature=0.8, max_tokens=6)
+
+    first = ask()
+    assert [choice.index for choice in first.choices] == [0, 1]
+    assert all(choice.message.content and choice.finish_reason in ("stop", "length")
+               for choice in first.choices)
+    assert 2 <= first.usage.completion_tokens <= 12
+    again = ask()
+    assert [c.message.content for c in again.choices] == [c.message.content for c in first.choices]
+
+
+def test_chat_logprobs_are_per_token_and_spell_the_content(client) -> None:
+    reply = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0,
+                                           max_tokens=6, logprobs=True, top_logprobs=2)
+    [choice] = reply.choices
+    assert choice.finish_reason == "length"  # "The capital of France is Paris." is 7 tokens
+    entries = choice.logprobs.content
+    assert len(entries) == reply.usage.completion_tokens == 6
+    assert "".join(entry.token for entry in entries) == choice.message.content
+    for entry in entries:
+        assert entry.logprob <= 0
+        assert entry.bytes == list(entry.token.encode())
+        assert len(entry.top_logprobs) == 2
+        assert entry.top_logprobs[0].logprob >= entry.top_logprobs[1].logprob
+        # Greedy: the chosen token is the most likely one.
+        assert entry.top_logprobs[0].token == entry.token
+        assert entry.top_logprobs[0].logprob == pytest.approx(entry.logprob)
+
+
+def test_chat_logprobs_of_a_finished_answer_spell_the_content(client) -> None:
+    reply = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0,
+                                           max_tokens=16, logprobs=True, top_logprobs=2)
+    [choice] = reply.choices
+    assert choice.finish_reason == "stop"
+    assert "".join(entry.token for entry in choice.logprobs.content) == choice.message.content
+
+
+# Completions ---------------------------------------------------------------------------------
+
+def test_completion_of_a_string_prompt(greedy_completion) -> None:
+    assert greedy_completion.object == "text_completion"
+    assert greedy_completion.id.startswith("cmpl-")
+    [choice] = greedy_completion.choices
+    assert choice.index == 0
+    assert "Paris" in choice.text
+    assert not choice.text.startswith(FRANCE)
+    usage = greedy_completion.usage
+    assert usage.prompt_tokens == FRANCE_PROMPT_TOKENS
+    assert 1 <= usage.completion_tokens <= 4
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+
+
+def test_completion_of_two_prompts_answers_each_in_order(client, greedy_completion) -> None:
+    reply = client.completions.create(model=MODEL, prompt=[FRANCE, ITALY], temperature=0,
+                                      max_tokens=4)
+    assert [choice.index for choice in reply.choices] == [0, 1]
+    france, italy = reply.choices
+    assert france.text == greedy_completion.choices[0].text
+    assert "Rome" in italy.text
+    assert reply.usage.prompt_tokens == 2 * FRANCE_PROMPT_TOKENS  # both are 5 tokens
+
+
+def test_completion_with_echo_starts_with_the_prompt(client, greedy_completion) -> None:
+    reply = client.completions.create(model=MODEL, prompt=FRANCE, temperature=0, max_tokens=4,
+                                      echo=True)
+    assert reply.choices[0].text == FRANCE + greedy_completion.choices[0].text
+
+
+def test_streamed_completion_yields_the_same_text(client, greedy_completion) -> None:
+    chunks = list(client.completions.create(model=MODEL, prompt=FRANCE, temperature=0,
+                                            max_tokens=4, stream=True))
+    assert all(chunk.object == "text_completion" for chunk in chunks)
+    assert "".join(chunk.choices[0].text for chunk in chunks) == greedy_completion.choices[0].text
+    assert chunks[-1].choices[0].finish_reason == greedy_completion.choices[0].finish_reason
+
+
+def test_completion_suffix_is_refused(client) -> None:
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.completions.create(model=MODEL, prompt=FRANCE, max_tokens=2, suffix=" and more.")
+    assert refused.value.status_code == 400
+    assert refused.value.param == "suffix"
+    assert "suffix" in refused.value.message
+    assert_still_serving(client)
+
+
+# Validation ----------------------------------------------------------------------------------
+
+def assert_openai_error(refused: pytest.ExceptionInfo, param: str) -> None:
+    error = refused.value
+    assert error.status_code == 400
+    document = error.response.json()
+    assert set(document) == {"error"}
+    assert document["error"]["type"] == "invalid_request_error"
+    assert document["error"]["param"] == param == error.param
+    assert param in document["error"]["message"]
+
+
+def test_an_unknown_message_role_is_refused_naming_it(client) -> None:
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model=MODEL, max_tokens=2,
+                                       messages=[{"role": "wizard", "content": "Hi"}])
+    assert_openai_error(refused, "messages[0].role")
+    assert_still_serving(client)
+
+
+def test_a_negative_temperature_is_refused_naming_it(client) -> None:
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=2,
+                                       temperature=-1)
+    assert_openai_error(refused, "temperature")
+    assert_still_serving(client)
+
+
+def create(client: openai.OpenAI, route: str, **fields):
+    if route == "chat":
+        return client.chat.completions.create(model=MODEL, messages=QUESTION, **fields)
+    return client.completions.create(model=MODEL, prompt=FRANCE, **fields)
+
+
+@pytest.mark.parametrize(("route", "field"), [("chat", "max_tokens"),
+                                              ("chat", "max_completion_tokens"),
+                                              ("completions", "max_tokens")])
+def test_a_negative_max_tokens_is_refused_naming_the_field_sent(client, route, field) -> None:
+    with pytest.raises(openai.BadRequestError) as refused:
+        create(client, route, **{field: -1})
+    assert_openai_error(refused, field)
+
+
+@pytest.mark.parametrize("route", ["chat", "completions"])
+def test_max_tokens_0_is_refused(client, route) -> None:
+    with pytest.raises(openai.BadRequestError) as refused:
+        create(client, route, max_tokens=0, temperature=0)
+    assert_openai_error(refused, "max_tokens")
+
+
+def test_completion_logprobs_out_of_range_is_refused_naming_logprobs(client) -> None:
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.completions.create(model=MODEL, prompt=FRANCE, max_tokens=2, logprobs=30)
+    assert_openai_error(refused, "logprobs")
+
+
+# A client gone mid-stream --------------------------------------------------------------------
+
+def slot_count(gateway, client_files) -> dict:
+    status, reply = request(gateway.url("management"), client_files,
+                            f"/v2/models/{MODEL}/getSlotCount")
+    assert status == 200, reply
+    return reply
+
+
+@contextlib.contextmanager
+def open_chat_stream(gateway, client_files, body: dict) -> Iterator[OpenStream]:
+    connection = connect(gateway.url("business"), client_files)
+    try:
+        connection.request("POST", "/v1/chat/completions", json.dumps(body),
+                           {"Content-Type": "application/json"})
+        response = connection.getresponse()
+        assert response.status == 200, response.read()
+        assert response.getheader("Content-Type").startswith("text/event-stream")
+        yield OpenStream(connection, response)
+    finally:
+        connection.close()
+
+
+def test_dropping_a_chat_stream_frees_its_slot(gateway, client_files) -> None:
+    idle = slot_count(gateway, client_files)
+    assert idle["free_slots"] == idle["total_slots"] > 0
+    body = {"model": MODEL, "stream": True, "max_tokens": 1000, "ignore_eos": True,
+            "messages": [{"role": "user", "content": "Write a long story about a dragon."}]}
+    with open_chat_stream(gateway, client_files, body) as stream:
+        events = stream.events()
+        first, second = next(events), next(events)
+        assert first["choices"][0]["delta"]["role"] == "assistant"
+        assert second["choices"][0]["finish_reason"] is None
+        assert slot_count(gateway, client_files)["free_slots"] == idle["total_slots"] - 1
+        stream.drop()
+    final, elapsed = poll(lambda: slot_count(gateway, client_files),
+                          lambda now: now["free_slots"] == now["total_slots"],
+                          deadline_s=SLOTS_BACK_WITHIN_S)
+    assert final["free_slots"] == final["total_slots"], f"after {elapsed:.2f} s: {final}"
+    assert final == idle

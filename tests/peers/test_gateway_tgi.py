@@ -1,0 +1,280 @@
+"""The gateway's TGI routes and vLLM's demo `/generate` end to end: TGI's own client
+(huggingface_hub.InferenceClient) and curl with MindIE's TGI example bodies → gateway (Tornado,
+mutual TLS) → gRPC server (mutual TLS) → the real model.
+
+Runs with the other tests under tests/peers (their own pytest process: tritonclient); it
+imports none of our packages but the stdlib helpers in gateway_clients.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import httpx2
+import huggingface_hub
+import pytest
+from gateway_clients import MODEL, curl_with, request, ssl_context
+from huggingface_hub import InferenceClient
+from huggingface_hub.errors import ValidationError
+from huggingface_hub.utils._http import default_client_factory
+
+PROMPT = "The capital of France is"
+PROMPT_IDS = [504, 3575, 282, 4649, 314]  # PROMPT in SmolLM2's vocabulary
+PARIS = 7042  # " Paris", greedily the first token after PROMPT
+TOKEN_FIELDS = {"id", "text", "logprob", "special"}
+
+# MindIE's TGI example (its docs, "TGI" interface): the same parameters for /, /generate and
+# /generate_stream.
+MINDIE_PARAMETERS = {"best_of": 1, "decoder_input_details": False, "details": True,
+                     "do_sample": True, "max_new_tokens": 20, "repetition_penalty": 1.03,
+                     "return_full_text": False, "seed": None, "stop": ["photographer"],
+                     "temperature": 0.5, "top_k": 10, "top_p": 0.95, "truncate": None,
+                     "typical_p": 0.5, "watermark": False}
+MINDIE_BODY = {"inputs": "My name is Olivier and I", "parameters": MINDIE_PARAMETERS,
+               "stream": False}
+
+
+def business(gateway, path: str) -> str:
+    return gateway.url("business") + path
+
+
+# 1. TGI's client, huggingface_hub.InferenceClient, over mutual TLS ---------------------------
+
+@pytest.fixture(scope="module")
+def tgi(gateway, client_files) -> Iterator[InferenceClient]:
+    context = ssl_context(client_files)
+    huggingface_hub.set_client_factory(lambda: httpx2.Client(verify=context, timeout=120))
+    yield InferenceClient(base_url=gateway.url("business"))
+    huggingface_hub.set_client_factory(default_client_factory)  # closes our session too
+
+
+@pytest.fixture(scope="module")
+def greedy_details(tgi):
+    return tgi.text_generation(PROMPT, max_new_tokens=6, details=True)
+
+
+def test_text_generation_with_details(greedy_details) -> None:
+    assert greedy_details.generated_text.startswith(" Paris")
+    details = greedy_details.details
+    assert details.finish_reason == "length"
+    assert details.generated_tokens == len(details.tokens) == 6
+    assert "".join(token.text for token in details.tokens) == greedy_details.generated_text
+    assert details.tokens[0].id == PARIS
+    assert all(token.logprob <= 0 and token.special is False for token in details.tokens)
+    assert details.prefill == []  # no decoder_input_details
+    assert details.seed is not None
+
+
+def test_text_generation_without_details_is_the_text(tgi, greedy_details) -> None:
+    assert tgi.text_generation(PROMPT, max_new_tokens=6) == greedy_details.generated_text
+
+
+def test_streamed_tokens_spell_the_final_text(tgi, greedy_details) -> None:
+    events = list(tgi.text_generation(PROMPT, max_new_tokens=6, details=True, stream=True))
+    *partial, last = events
+    assert all(event.generated_text is None and event.details is None for event in partial)
+    assert "".join(event.token.text for event in events) == last.generated_text
+    assert last.generated_text == greedy_details.generated_text
+    assert [event.token.id for event in events] == [t.id for t in greedy_details.details.tokens]
+    assert last.details.finish_reason == "length"
+    assert last.details.generated_tokens == len(events) == 6
+
+
+def test_streamed_text_without_details(tgi, greedy_details) -> None:
+    pieces = list(tgi.text_generation(PROMPT, max_new_tokens=6, stream=True))
+    assert all(isinstance(piece, str) for piece in pieces)
+    assert "".join(pieces) == greedy_details.generated_text
+
+
+def test_decoder_input_details_gives_the_prompt_tokens(tgi) -> None:
+    reply = tgi.text_generation(PROMPT, max_new_tokens=2, details=True,
+                                decoder_input_details=True)
+    prefill = reply.details.prefill
+    assert [token.id for token in prefill] == PROMPT_IDS
+    assert "".join(token.text for token in prefill) == PROMPT
+    assert prefill[0].logprob is None
+    assert all(token.logprob is not None and token.logprob <= 0 for token in prefill[1:])
+
+
+def test_the_client_raises_a_validation_error_naming_the_field(tgi) -> None:
+    with pytest.raises(ValidationError, match="max_new_tokens"):
+        tgi.text_generation(PROMPT, max_new_tokens=-1)
+    assert tgi.text_generation(PROMPT, max_new_tokens=1) == " Paris"
+
+
+def test_a_stop_sequence_stays_in_the_generated_text(tgi) -> None:
+    reply = tgi.text_generation(PROMPT, max_new_tokens=8, details=True, stop=["."])
+    assert reply.details.finish_reason == "stop_sequence"
+    assert reply.generated_text == " Paris."
+    assert "".join(token.text for token in reply.details.tokens) == reply.generated_text
+
+
+# 2. curl with MindIE's TGI examples ----------------------------------------------------------
+
+def assert_token(token: dict) -> None:
+    assert set(token) == TOKEN_FIELDS
+    assert isinstance(token["id"], int) and isinstance(token["text"], str)
+    assert token["logprob"] <= 0 and isinstance(token["special"], bool)
+
+
+def assert_mindie_reply(reply: dict) -> None:
+    """{generated_text, details{finish_reason, generated_tokens, seed, tokens}} for the
+    MindIE body (sampled; stop "photographer"; 20 tokens at most)."""
+    assert {"generated_text", "details"} <= set(reply)
+    text, details = reply["generated_text"], reply["details"]
+    assert isinstance(text, str) and text
+    assert details["finish_reason"] in ("length", "eos_token", "stop_sequence")
+    if details["finish_reason"] != "stop_sequence":
+        assert "photographer" not in text
+    assert 1 <= details["generated_tokens"] <= 20
+    if details["finish_reason"] == "length":
+        assert details["generated_tokens"] == 20
+    assert len(details["tokens"]) == details["generated_tokens"]
+    for token in details["tokens"]:
+        assert_token(token)
+    assert isinstance(details["seed"], int) and details["seed"] > 0
+    if details["finish_reason"] == "length":
+        assert "".join(token["text"] for token in details["tokens"]) == text
+
+
+def test_curl_compat_route_mindie_example(gateway, client_files) -> None:
+    reply = curl_with(client_files, business(gateway, "/"), body=MINDIE_BODY)
+    assert (reply.exit_code, reply.status) == (0, 200), reply.body
+    assert reply.headers["content-type"].startswith("application/json")
+    document = reply.json()
+    assert isinstance(document, list) and len(document) == 1
+    assert_mindie_reply(document[0])
+
+
+def test_curl_generate_mindie_example(gateway, client_files) -> None:
+    reply = curl_with(client_files, business(gateway, "/generate"), body=MINDIE_BODY)
+    assert (reply.exit_code, reply.status) == (0, 200), reply.body
+    assert reply.headers["content-type"].startswith("application/json")
+    assert_mindie_reply(reply.json())
+
+
+def assert_mindie_stream(reply) -> None:
+    assert (reply.exit_code, reply.status) == (0, 200), reply.body
+    assert reply.headers["content-type"].startswith("text/event-stream")
+    events = reply.events()
+    *partial, last = events
+    for event in events:
+        assert_token(event["token"])
+    assert all(event["generated_text"] is None and event["details"] is None for event in partial)
+    details = last["details"]
+    assert {"finish_reason", "generated_tokens", "seed", "prompt_tokens"} <= set(details)
+    assert details["finish_reason"] in ("length", "eos_token", "stop_sequence")
+    assert details["generated_tokens"] == len(events) <= 20
+    assert details["prompt_tokens"] > 0
+    assert isinstance(details["seed"], int) and details["seed"] > 0
+    assert isinstance(last["generated_text"], str) and last["generated_text"]
+    if details["finish_reason"] == "length":
+        assert details["generated_tokens"] == 20
+        assert "".join(event["token"]["text"] for event in events) == last["generated_text"]
+
+
+def test_curl_generate_stream_mindie_example(gateway, client_files) -> None:
+    assert_mindie_stream(curl_with(client_files, business(gateway, "/generate_stream"),
+                                   body=MINDIE_BODY, stream=True))
+
+
+def test_curl_compat_route_streams_when_asked(gateway, client_files) -> None:
+    assert_mindie_stream(curl_with(client_files, business(gateway, "/"),
+                                   body={**MINDIE_BODY, "stream": True}, stream=True))
+
+
+def test_curl_info(gateway, client_files) -> None:
+    reply = curl_with(client_files, business(gateway, "/info"))
+    assert (reply.exit_code, reply.status) == (0, 200), reply.body
+    info = reply.json()
+    assert info["model_id"] == MODEL
+    assert 0 < info["max_input_length"] < info["max_total_tokens"]
+    assert info["max_best_of"] >= 1
+    assert info["max_stop_sequences"] >= 1
+    assert isinstance(info["version"], str) and info["version"]
+
+
+@pytest.mark.parametrize("path", ["/health", "/"])
+def test_curl_health(gateway, client_files, path) -> None:
+    reply = curl_with(client_files, business(gateway, path))
+    assert (reply.exit_code, reply.status) == (0, 200), reply.body
+
+
+# 3. vLLM's demo server: /generate with `prompt` ----------------------------------------------
+
+@pytest.fixture(scope="module")
+def vllm_greedy(gateway, client_files) -> str:
+    status, reply = request(gateway.url("business"), client_files, "/generate",
+                            {"prompt": PROMPT, "max_tokens": 6, "temperature": 0})
+    assert status == 200, reply
+    [text] = reply["text"]
+    return text
+
+
+def test_vllm_generate_answers_prompt_and_completion(vllm_greedy) -> None:
+    assert vllm_greedy.startswith(PROMPT + " Paris")
+    assert len(vllm_greedy) > len(PROMPT + " Paris")
+
+
+def test_vllm_generate_n_2(gateway, client_files) -> None:
+    status, reply = request(gateway.url("business"), client_files, "/generate",
+                            {"prompt": PROMPT, "max_tokens": 4, "n": 2, "seed": 11})
+    assert status == 200, reply
+    assert set(reply) == {"text"} and len(reply["text"]) == 2
+    assert all(text.startswith(PROMPT) and len(text) > len(PROMPT) for text in reply["text"])
+
+
+def test_vllm_generate_streams_nul_delimited_cumulative_texts(gateway, client_files,
+                                                              vllm_greedy) -> None:
+    reply = curl_with(client_files, business(gateway, "/generate"), stream=True,
+                      body={"prompt": PROMPT, "max_tokens": 6, "temperature": 0, "stream": True})
+    assert (reply.exit_code, reply.status) == (0, 200), reply.body
+    assert reply.body.endswith(b"\0")
+    documents = [json.loads(part) for part in reply.body.split(b"\0")[:-1]]
+    assert len(documents) >= 2
+    assert all(set(document) == {"text"} and len(document["text"]) == 1 for document in documents)
+    texts = [document["text"][0] for document in documents]
+    assert all(text.startswith(PROMPT) for text in texts)
+    assert all(later.startswith(earlier) for earlier, later in zip(texts, texts[1:]))
+    assert texts[-1] == vllm_greedy
+
+
+# 4. Validation: each protocol's error body, and the next request is served -------------------
+
+def assert_tgi_error(status: int, reply: object, field: str) -> None:
+    assert status == 422, reply
+    assert set(reply) == {"error", "error_type"}
+    assert reply["error_type"] == "validation"
+    assert field in reply["error"]
+
+
+def assert_still_serving(gateway, client_files) -> None:
+    status, reply = request(gateway.url("business"), client_files, "/generate",
+                            {"inputs": PROMPT, "parameters": {"max_new_tokens": 1}})
+    assert (status, reply) == (200, {"generated_text": " Paris"})
+
+
+@pytest.mark.parametrize(("path", "body", "field"), [
+    pytest.param("/generate", {"parameters": {"max_new_tokens": 2}}, "inputs",
+                 id="generate-no-inputs"),
+    pytest.param("/generate_stream", {"parameters": {"max_new_tokens": 2}}, "inputs",
+                 id="generate_stream-no-inputs"),
+    pytest.param("/", {"parameters": {"max_new_tokens": 2}}, "inputs", id="compat-no-inputs"),
+    pytest.param("/generate", {"inputs": PROMPT, "parameters": {"max_new_tokens": -1}},
+                 "max_new_tokens", id="generate-negative-max_new_tokens"),
+    pytest.param("/generate_stream", {"inputs": PROMPT, "parameters": {"max_new_tokens": -1}},
+                 "max_new_tokens", id="generate_stream-negative-max_new_tokens"),
+    pytest.param("/generate_stream", {"inputs": PROMPT, "parameters": {
+        "max_new_tokens": 2, "best_of": 2, "do_sample": True}}, "best_of",
+        id="generate_stream-best_of-2"),
+    pytest.param("/generate", {"prompt": PROMPT, "max_tokens": 2, "temperature": -1},
+                 "temperature", id="vllm-negative-temperature"),
+    pytest.param("/generate", {"prompt": PROMPT, "max_tokens": -1}, "max_tokens",
+                 id="vllm-negative-max_tokens"),
+])
+def test_invalid_requests_get_the_protocols_error_body(gateway, client_files, path, body,
+                                                       field) -> None:
+    status, reply = request(gateway.url("business"), client_files, path, body)
+    assert_tgi_error(status, reply, field)
+    assert_still_serving(gateway, client_files)

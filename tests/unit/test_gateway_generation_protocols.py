@@ -1,0 +1,927 @@
+"""The gateway's generation translators, pure: TGI, vLLM's demo server and OpenAI's API ⇄
+switchboard.v1 Generate (gateway/protocols/{generation,tgi,openai,vllm}.py). No network, no
+model; the server's GenerateResponse messages are built by hand."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gateway.errors import RequestError
+from gateway.protocols import openai, tgi, vllm
+from gateway.protocols.generation import (Generation, field_in_protocol, generate_request,
+                                          renamed)
+from gateway.protocols.parameters import parameter_value
+from proto import switchboard_pb2 as sb
+
+USER = {"role": "user", "content": "Hi"}
+
+
+# --- helpers -----------------------------------------------------------------------------------
+
+def refused(call, *args, **kwargs) -> RequestError:
+    """`call(*args, **kwargs)` must refuse the request with a 400; returns the error."""
+    with pytest.raises(RequestError) as info:
+        call(*args, **kwargs)
+    assert info.value.status == 400
+    return info.value
+
+
+def params(request: sb.GenerateRequest) -> dict[str, object]:
+    """A request's parameters as plain values."""
+    return {name: parameter_value(value) for name, value in request.parameters.items()}
+
+
+def token(token_id: int, text: str, logprob: float | None = None, *, special: bool = False,
+          top: list[sb.Token] | None = None) -> sb.Token:
+    result = sb.Token(id=token_id, text=text, special=special, top=top or [])
+    if logprob is not None:
+        result.logprob = logprob
+    return result
+
+
+def response(index: int = 0, text: str = "", tokens: list[sb.Token] | None = None, *,
+             finish: str = "", prompt_tokens: int = 3, generated: int = 1, seed: int = 0,
+             cached: int = 0, prompt: list[sb.Token] | None = None) -> sb.GenerateResponse:
+    return sb.GenerateResponse(index=index, text=text, tokens=tokens or [], finish_reason=finish,
+                               prompt_tokens=prompt_tokens, generated_tokens=generated, seed=seed,
+                               cached_tokens=cached, prompt=prompt or [])
+
+
+def generation_of(*responses: sb.GenerateResponse) -> Generation:
+    generation = Generation()
+    for item in responses:
+        generation.add(item)
+    return generation
+
+
+def tgi_request(parameters: dict[str, object] | None = None, route_stream: bool | None = False,
+                **body: object) -> tuple[sb.GenerateRequest, tgi.TgiOptions]:
+    """A TGI body with `inputs` "Hello"; `route_stream` None: POST /, the body decides."""
+    document: dict[str, object] = {"inputs": "Hello", **body}
+    if parameters is not None:
+        document["parameters"] = parameters
+    return tgi.generate_request_to_pb(document, route_stream)
+
+
+def chat(**fields: object) -> tuple[list[openai.Call], openai.OpenAIOptions]:
+    return openai.chat_request_to_pb({"messages": [USER], **fields})
+
+
+def chat_params(**fields: object) -> dict[str, object]:
+    calls, _ = chat(**fields)
+    return params(calls[0].request)
+
+
+def completion(**fields: object) -> tuple[list[openai.Call], openai.OpenAIOptions]:
+    return openai.completion_request_to_pb({"prompt": "Once", **fields})
+
+
+# --- generation.py: field names, parameters, the request ---------------------------------------
+
+@pytest.mark.parametrize("message, names, expected", [
+    ("min_new_tokens: must be in [0, 2147483647]; got -1", openai.NAMES,
+     ("min_tokens", "min_tokens: must be in [0, 2147483647]; got -1")),
+    ("max_new_tokens: must be in [1, 2147483647]; got 0", vllm.NAMES,
+     ("max_tokens", "max_tokens: must be in [1, 2147483647]; got 0")),
+    ("prompt: has 9000 tokens; at most 4096 are accepted", tgi.NAMES,
+     ("inputs", "inputs: has 9000 tokens; at most 4096 are accepted")),
+    ("top_logprobs: must be in [0, 20]; got 50", tgi.NAMES,
+     ("top_n_tokens", "top_n_tokens: must be in [0, 20]; got 50")),
+    ("prompt_logprobs: must be true or false", tgi.NAMES,
+     ("decoder_input_details", "decoder_input_details: must be true or false")),
+    # Names the protocol shares with the server are kept, indexes included.
+    ("messages[0].role: must be one of system, user, assistant", openai.NAMES,
+     ("messages[0].role", "messages[0].role: must be one of system, user, assistant")),
+    ("stop[1]: is empty", tgi.NAMES, ("stop[1]", "stop[1]: is empty")),
+    ("temperature: must be in (0, 100]; got 0", vllm.NAMES,
+     ("temperature", "temperature: must be in (0, 100]; got 0")),
+    # A reason over several lines keeps them all.
+    ("max_new_tokens: too many\nsee the limits", vllm.NAMES,
+     ("max_tokens", "max_tokens: too many\nsee the limits")),
+], ids=["openai-min", "vllm-max", "tgi-prompt", "tgi-top", "tgi-prefill", "indexed", "tgi-stop",
+        "shared", "multiline"])
+def test_field_in_protocol_names_the_protocols_field(message, names, expected) -> None:
+    assert field_in_protocol(message, names) == expected
+
+
+def test_field_in_protocol_renames_a_prefix_of_an_indexed_server_field() -> None:
+    names = {"inputs": "prompt"}
+    assert field_in_protocol("prompt[3]: token id 99999 is outside the vocabulary", names) == \
+        ("inputs[3]", "inputs[3]: token id 99999 is outside the vocabulary")
+
+
+def test_openai_max_new_tokens_errors_name_max_tokens() -> None:
+    assert field_in_protocol("max_new_tokens: must be in [1, 2147483647]; got 0", openai.NAMES) \
+        == ("max_tokens", "max_tokens: must be in [1, 2147483647]; got 0")
+
+
+def test_chat_errors_name_the_length_field_the_client_sent_and_messages_for_the_prompt() -> None:
+    message = "max_new_tokens: must be in [1, 2147483647]; got 0"
+    _, options = chat(max_tokens=0)
+    assert field_in_protocol(message, options.names)[0] == "max_tokens"
+    _, options = chat(max_completion_tokens=0)
+    assert field_in_protocol(message, options.names)[0] == "max_completion_tokens"
+    assert field_in_protocol("prompt: has 3000 tokens", options.names)[0] == "messages"
+
+
+@pytest.mark.parametrize("message", [
+    "the model is not ready",
+    "internal error",
+    "model 'x' not found: check the name",  # spaces before the colon: not a field
+    "no colon here",
+])
+def test_field_in_protocol_without_a_field(message: str) -> None:
+    assert field_in_protocol(message, openai.NAMES) == (None, message)
+
+
+def test_renamed_drops_nulls_and_keeps_unnamed_parameters() -> None:
+    assert renamed({"max_tokens": 5, "min_tokens": None, "top_k": 0, "mystery": "x"},
+                   vllm.NAMES) == {"max_new_tokens": 5, "top_k": 0, "mystery": "x"}
+
+
+def test_generate_request_with_text_and_parameters() -> None:
+    request, deadline_s = generate_request("smollm2", "Hello", {
+        "max_new_tokens": 7, "temperature": 0.5, "do_sample": True, "stop": ["\n", "END"],
+        "stop_token_ids": [2, 3], "seed": 2**64 - 1, "skipped": None}, client_id="abc")
+    assert (request.model_name, request.id) == ("smollm2", "abc")
+    assert request.WhichOneof("prompt") == "text" and request.text == "Hello"
+    assert request.parameters["max_new_tokens"].int64_param == 7
+    assert request.parameters["temperature"].double_param == 0.5
+    assert request.parameters["do_sample"].bool_param is True
+    assert request.parameters["seed"].uint64_param == 2**64 - 1
+    # Lists travel as JSON arrays in a string.
+    assert json.loads(request.parameters["stop"].string_param) == ["\n", "END"]
+    assert json.loads(request.parameters["stop_token_ids"].string_param) == [2, 3]
+    assert "skipped" not in request.parameters
+    assert deadline_s == 600.0
+
+
+@pytest.mark.parametrize("stop", ["END", "[1, 2]"], ids=["plain", "looks-like-json"])
+def test_generate_request_sends_one_stop_string_as_a_list(stop: str) -> None:
+    request, _ = generate_request("", "x", {"stop": stop})
+    assert json.loads(request.parameters["stop"].string_param) == [stop]
+
+
+def test_generate_request_with_token_ids() -> None:
+    request, _ = generate_request("", [5, 6, 7], {})
+    assert request.WhichOneof("prompt") == "token_ids"
+    assert list(request.token_ids.ids) == [5, 6, 7]
+    assert request.model_name == "" and request.id == ""
+
+
+def test_generate_request_with_chat_messages() -> None:
+    messages = sb.ChatMessages(messages=[sb.ChatMessage(role="system", content="Be brief."),
+                                         sb.ChatMessage(role="user", content="Hi")])
+    request, _ = generate_request("", messages, {})
+    assert request.WhichOneof("prompt") == "messages"
+    assert [(m.role, m.content) for m in request.messages.messages] == \
+        [("system", "Be brief."), ("user", "Hi")]
+
+
+def test_generate_request_with_no_chat_messages_still_sends_messages() -> None:
+    request, _ = generate_request("", sb.ChatMessages(), {})
+    assert request.WhichOneof("prompt") == "messages"
+
+
+def test_generate_request_converts_priority_and_timeout() -> None:
+    request, deadline_s = generate_request("", "x", {"priority": 2, "timeout": 1.5})
+    assert request.parameters["priority"].uint64_param == 2
+    assert request.parameters["timeout"].int64_param == 1_500_000  # microseconds
+    assert deadline_s == 1.5
+
+
+@pytest.mark.parametrize("name, value", [("priority", 0), ("priority", 6), ("priority", True),
+                                         ("timeout", 0), ("timeout", -1), ("timeout", "10")])
+def test_generate_request_refuses_rest_priority_and_timeout_out_of_range(name, value) -> None:
+    error = refused(generate_request, "", "x", {name: value})
+    assert error.field == name
+
+
+# --- generation.py: collecting responses -------------------------------------------------------
+
+def test_generation_collects_each_sequence() -> None:
+    prompt = [token(1, "<s>"), token(9, "Hi", -2.5)]
+    generation = generation_of(
+        response(0, "Hel", [token(10, "Hel", -0.5)], generated=1, seed=7, prompt=prompt,
+                 prompt_tokens=2, cached=1),
+        response(1, "Bye", [token(20, "Bye", -1.0)], generated=1, seed=8, prompt_tokens=2,
+                 cached=1),
+        response(0, "lo", [token(11, "lo", -0.25)], finish="eos_token", generated=2, seed=7,
+                 prompt_tokens=2, cached=1),
+        response(1, "", [token(2, "</s>", -0.125, special=True)], finish="length", generated=2,
+                 seed=8, prompt_tokens=2, cached=1),
+    )
+    first, second = generation.ordered()
+    assert (first.index, first.generated_text, first.finish_reason, first.seed) == \
+        (0, "Hello", "eos_token", 7)
+    assert [t.id for t in first.tokens] == [10, 11]
+    assert first.cumulative_logprob == pytest.approx(-0.75)
+    assert (second.generated_text, second.finish_reason, second.generated_tokens) == \
+        ("Bye", "length", 2)
+    # Counts per sequence add up; the prompt is counted (and its tokens kept) once.
+    assert generation.completion_tokens == 4
+    assert (generation.prompt_tokens, generation.cached_tokens) == (2, 1)
+    assert [t.id for t in generation.prompt] == [1, 9]
+
+
+def test_generation_orders_sequences_by_index_whatever_the_arrival() -> None:
+    generation = generation_of(response(2, "c"), response(0, "a"), response(1, "b"))
+    assert [s.generated_text for s in generation.ordered()] == ["a", "b", "c"]
+    assert [s.index for s in generation.ordered()] == [0, 1, 2]
+
+
+# --- TGI: requests -----------------------------------------------------------------------------
+
+def test_tgi_request_translates_parameters() -> None:
+    request, options = tgi_request({
+        "max_new_tokens": 20, "temperature": 0.7, "top_k": 40, "top_p": 0.9, "seed": 3,
+        "stop": ["\n"], "repetition_penalty": 1.1, "do_sample": True, "details": True,
+        "decoder_input_details": True, "top_n_tokens": 2, "return_full_text": True,
+        "truncate": 100, "watermark": False, "typical_p": 0.95, "frequency_penalty": 0.1,
+        "grammar": None, "adapter_id": None})
+    assert request.text == "Hello" and request.model_name == ""
+    assert params(request) == {
+        "max_new_tokens": 20, "temperature": 0.7, "top_k": 40, "top_p": 0.9, "seed": 3,
+        "stop": '["\\n"]', "repetition_penalty": 1.1, "do_sample": True,
+        "prompt_logprobs": True, "top_logprobs": 2, "logprobs": True, "truncate": 100,
+        "include_stop_str_in_output": True, "watermark": False, "typical_p": 0.95, "frequency_penalty": 0.1}
+    assert options.details and options.prompt_details and options.return_full_text
+    assert (options.top_n_tokens, options.best_of, options.inputs, options.stream) == \
+        (2, 1, "Hello", False)
+    assert options.deadline_s == 600.0
+
+
+def test_tgi_request_without_parameters_samples() -> None:
+    request, options = tgi_request(None)
+    assert params(request) == {"do_sample": True, "logprobs": True,
+                               "include_stop_str_in_output": True}
+    assert not options.details and not options.return_full_text and options.top_n_tokens == 0
+
+
+def test_tgi_request_with_empty_parameters_leaves_sampling_to_the_server() -> None:
+    request, _ = tgi_request({})
+    assert params(request) == {"logprobs": True, "include_stop_str_in_output": True}
+
+
+def test_tgi_best_of_asks_for_every_sequence() -> None:
+    request, options = tgi_request({"best_of": 3, "do_sample": True})
+    assert params(request)["n"] == 3
+    assert "best_of" not in params(request)
+    assert options.best_of == 3
+
+
+def test_tgi_best_of_without_sampling_is_refused_by_the_server_naming_best_of() -> None:
+    request, _ = tgi_request({"best_of": 2})
+    assert params(request)["n"] == 2 and "do_sample" not in params(request)
+    # The server refuses n > 1 without sampling; the client reads TGI's field.
+    field, _ = field_in_protocol("n: several sequences need sampling (do_sample)", tgi.NAMES)
+    assert field == "best_of"
+
+
+def test_tgi_server_error_about_n_names_best_of() -> None:
+    field, _ = field_in_protocol("n: must be in [1, 16]; got 20", tgi.NAMES)
+    assert field == "best_of"
+
+
+@pytest.mark.parametrize("parameters, stream, field", [
+    ({"best_of": 2, "do_sample": True}, True, "best_of"),
+    ({"decoder_input_details": True}, True, "decoder_input_details"),
+])
+def test_tgi_streaming_refuses_what_it_cannot_stream(parameters, stream, field) -> None:
+    assert refused(tgi_request, parameters, stream).field == field
+
+
+def test_tgi_stream_decided_by_the_body_on_post_root() -> None:
+    _, options = tgi_request(None, None, stream=True)
+    assert options.stream is True
+    _, options = tgi_request(None, None)
+    assert options.stream is False
+    # The route decides over the body.
+    _, options = tgi_request(None, True, stream=False)
+    assert options.stream is True
+    assert refused(tgi_request, None, None, stream="yes").field == "stream"
+
+
+@pytest.mark.parametrize("document, field", [
+    ({"parameters": {}}, "inputs"),
+    ({"inputs": 5}, "inputs"),
+    ({"inputs": ["a"]}, "inputs"),
+    ({"inputs": None}, "inputs"),
+    ({"inputs": "x", "parameters": "greedy"}, "parameters"),
+    ({"inputs": "x", "parameters": {"grammar": {"type": "json", "value": {}}}}, "grammar"),
+    ({"inputs": "x", "parameters": {"adapter_id": "lora-1"}}, "adapter_id"),
+    ({"inputs": "x", "parameters": {"max_tokens": 5}}, "max_tokens"),
+    ({"inputs": "x", "parameters": {"details": "yes"}}, "details"),
+    ({"inputs": "x", "parameters": {"top_n_tokens": "2"}}, "top_n_tokens"),
+    ({"inputs": "x", "parameters": {"best_of": True}}, "best_of"),
+    ({"inputs": "x", "parameters": {"return_full_text": 1}}, "return_full_text"),
+], ids=["no-inputs", "number", "list", "null", "parameters-string", "grammar", "adapter",
+        "unknown", "details-string", "top-n-string", "best-of-bool", "full-text-int"])
+def test_tgi_request_refusals_name_the_field(document, field) -> None:
+    error = refused(tgi.generate_request_to_pb, document, False)
+    assert error.field == field
+    assert error.message.startswith(f"{field}: ")
+
+
+def test_tgi_refuses_a_body_that_is_not_an_object() -> None:
+    assert refused(tgi.generate_request_to_pb, ["Hello"], False).field == "the body"
+
+
+@pytest.mark.parametrize("document, expected", [
+    ({"inputs": "x"}, True),
+    ({"prompt": "x"}, False),
+    ({"prompt": "x", "inputs": "y"}, True),
+    ({}, True),
+    ([], True),
+    ("prompt", True),
+])
+def test_is_tgi(document, expected) -> None:
+    assert tgi.is_tgi(document) is expected
+
+
+# --- TGI: replies ------------------------------------------------------------------------------
+
+def test_tgi_reply_without_details_has_only_the_text() -> None:
+    _, options = tgi_request({"max_new_tokens": 2})
+    generation = generation_of(response(0, "Hi", [token(5, "Hi", -0.5)]),
+                               response(0, "!", [token(6, "!", -0.1)], finish="length",
+                                        generated=2))
+    assert tgi.reply(generation, options) == {"generated_text": "Hi!"}
+
+
+def test_tgi_reply_with_details_prefill_and_top_tokens() -> None:
+    _, options = tgi_request({"details": True, "decoder_input_details": True,
+                              "top_n_tokens": 1, "seed": 42})
+    prompt = [token(1, "<s>", special=True), token(15, "Hello", -3.5)]
+    first = token(5, " world", -0.5, top=[token(5, " world", -0.5)])
+    second = token(2, "</s>", -0.25, special=True, top=[token(2, "</s>", -0.25, special=True)])
+    generation = generation_of(
+        response(0, " world", [first], prompt=prompt, prompt_tokens=2, seed=42),
+        response(0, "", [second], finish="eos_token", prompt_tokens=2, generated=2, seed=42))
+    assert tgi.reply(generation, options) == {
+        "generated_text": " world",
+        "details": {
+            "finish_reason": "eos_token", "generated_tokens": 2, "seed": 42, "prompt_tokens": 2,
+            # The prompt's first token has no log-probability.
+            "prefill": [{"id": 1, "text": "<s>", "logprob": None},
+                        {"id": 15, "text": "Hello", "logprob": -3.5}],
+            "tokens": [{"id": 5, "text": " world", "logprob": -0.5, "special": False},
+                       {"id": 2, "text": "</s>", "logprob": -0.25, "special": True}],
+            "top_tokens": [[{"id": 5, "text": " world", "logprob": -0.5, "special": False}],
+                           [{"id": 2, "text": "</s>", "logprob": -0.25, "special": True}]],
+        }}
+
+
+def test_tgi_reply_details_without_prompt_details_have_an_empty_prefill() -> None:
+    _, options = tgi_request({"details": True})
+    generation = generation_of(response(0, "a", [token(3, "a", -1.0)], finish="length"))
+    details = tgi.reply(generation, options)["details"]
+    assert details["prefill"] == []
+    assert "top_tokens" not in details
+    assert "best_of_sequences" not in details
+
+
+def test_tgi_reply_return_full_text_prefixes_the_inputs() -> None:
+    _, options = tgi_request({"return_full_text": True})
+    generation = generation_of(response(0, " there", [token(3, " there", -1.0)], finish="length"))
+    assert tgi.reply(generation, options)["generated_text"] == "Hello there"
+
+
+def test_tgi_reply_best_of_answers_with_the_most_likely_sequence() -> None:
+    _, options = tgi_request({"best_of": 3, "do_sample": True, "details": True,
+                              "return_full_text": True})
+    generation = generation_of(
+        response(0, " a", [token(1, " a", -1.0), token(2, "", -2.0)], finish="length",
+                 generated=2, seed=10),
+        response(1, " b", [token(3, " b", -0.5), token(4, "", -0.25)], finish="eos_token",
+                 generated=2, seed=11),
+        response(2, " c", [token(5, " c", -0.75), token(6, "", -1.0)], finish="length",
+                 generated=2, seed=12))
+    reply = tgi.reply(generation, options)
+    assert reply["generated_text"] == "Hello b"
+    details = reply["details"]
+    assert (details["finish_reason"], details["seed"]) == ("eos_token", 11)
+    others = details["best_of_sequences"]
+    # The others, most likely first, each with its own text and details.
+    assert [(o["generated_text"], o["seed"], o["finish_reason"]) for o in others] == \
+        [("Hello c", 12, "length"), ("Hello a", 10, "length")]
+    assert [t["id"] for t in others[1]["tokens"]] == [1, 2]
+    assert all(o["generated_tokens"] == 2 and o["prefill"] == [] for o in others)
+
+
+def test_tgi_reply_best_of_without_details_has_no_details() -> None:
+    _, options = tgi_request({"best_of": 2, "do_sample": True})
+    generation = generation_of(response(0, "x", [token(1, "x", -3.0)], finish="length"),
+                               response(1, "y", [token(2, "y", -1.0)], finish="length"))
+    assert tgi.reply(generation, options) == {"generated_text": "y"}
+
+
+def test_tgi_stream_events_carry_the_text_and_details_on_the_last() -> None:
+    _, options = tgi_request({"details": True, "return_full_text": True}, True)
+    generation = Generation()
+    events = []
+    for item in (response(0, " wor", [token(7, " wor", -0.5)], prompt_tokens=4, seed=9),
+                 response(0, "ld", [token(8, "ld", -0.25, special=False)], prompt_tokens=4,
+                          generated=2, seed=9),
+                 response(0, "", [token(2, "</s>", -0.125, special=True)], finish="eos_token",
+                          prompt_tokens=4, generated=3, seed=9)):
+        generation.add(item)
+        events.append(tgi.stream_event(item, generation, options))
+    assert events[0]["token"] == {"id": 7, "text": " wor", "logprob": -0.5, "special": False}
+    assert [(e["generated_text"], e["details"]) for e in events[:2]] == [(None, None)] * 2
+    assert events[2]["token"] == {"id": 2, "text": "</s>", "logprob": -0.125, "special": True}
+    assert events[2]["generated_text"] == "Hello world"
+    assert events[2]["details"] == {"finish_reason": "eos_token", "generated_tokens": 3,
+                                    "seed": 9, "prompt_tokens": 4, "input_length": 4}
+    assert all("top_tokens" not in e for e in events)
+
+
+def test_tgi_stream_event_top_tokens_with_top_n_tokens() -> None:
+    _, options = tgi_request({"top_n_tokens": 2}, True)
+    item = response(0, "a", [token(3, "a", -0.5, top=[token(3, "a", -0.5), token(4, "b", -1.5)])])
+    event = tgi.stream_event(item, generation_of(item), options)
+    assert event["top_tokens"] == [{"id": 3, "text": "a", "logprob": -0.5, "special": False},
+                                   {"id": 4, "text": "b", "logprob": -1.5, "special": False}]
+
+
+def test_tgi_stream_event_token_without_logprob_is_null() -> None:
+    _, options = tgi_request(None, True)
+    item = response(0, "a", [token(3, "a")])
+    assert tgi.stream_event(item, generation_of(item), options)["token"]["logprob"] is None
+
+
+def test_tgi_stream_event_index_counts_the_tokens() -> None:
+    _, options = tgi_request(None, True)
+    generation = Generation()
+    indexes = []
+    for item in (response(0, "a", [token(1, "a", -1.0)]),
+                 response(0, "b", [token(2, "b", -1.0)], finish="length", generated=2)):
+        generation.add(item)
+        indexes.append(tgi.stream_event(item, generation, options)["index"])
+    assert indexes == [1, 2]
+
+
+@pytest.mark.parametrize("status, error_type", [
+    (400, "validation"), (413, "validation"), (422, "validation"), (429, "overloaded"),
+    (424, "generation"), (503, "healthcheck"), (504, "timeout"), (404, "not_found"),
+    (500, "generation")])
+def test_tgi_error_body(status: int, error_type: str) -> None:
+    assert tgi.error_body(status, "inputs: must be a string") == \
+        {"error": "inputs: must be a string", "error_type": error_type}
+
+
+def test_tgi_info_json_from_the_models_limits() -> None:
+    info = tgi.info_json("smollm2", {"max_seq_len": "2048", "max_input_len": "1024",
+                                     "max_sequences": "4"}, "1.2.3")
+    assert (info["model_id"], info["version"], info["router"]) == ("smollm2", "1.2.3",
+                                                                   "switchboard")
+    assert (info["max_total_tokens"], info["max_input_tokens"], info["max_input_length"],
+            info["max_best_of"]) == (2048, 1024, 1024, 4)
+    assert info["max_stop_sequences"] is None
+    assert info["max_client_batch_size"] == 1
+    assert info["model_pipeline_tag"] == "text-generation"
+
+
+# --- OpenAI: chat requests ---------------------------------------------------------------------
+
+def test_chat_request_translates_messages_and_parameters() -> None:
+    calls, options = openai.chat_request_to_pb({
+        "model": "smollm2",
+        "messages": [{"role": "system", "content": "Be brief."},
+                     {"role": "user", "content": [{"type": "text", "text": "Hi"},
+                                                  {"type": "text", "text": "there"}]},
+                     {"role": "assistant", "content": None}],
+        "temperature": 0.5, "top_p": 0.9, "n": 2, "stop": ["\n"], "seed": 1, "max_tokens": 30,
+        "logprobs": True, "top_logprobs": 3, "user": "u-1", "min_tokens": 2,
+        "presence_penalty": 0.5})
+    (call,) = calls
+    request = call.request
+    assert call.prompt_text is None
+    assert request.model_name == "smollm2"
+    assert [(m.role, m.content) for m in request.messages.messages] == \
+        [("system", "Be brief."), ("user", "Hi\nthere"), ("assistant", "")]
+    assert params(request) == {"temperature": 0.5, "top_p": 0.9, "n": 2, "stop": '["\\n"]',
+                               "seed": 1, "max_new_tokens": 30, "logprobs": True,
+                               "top_logprobs": 3, "min_new_tokens": 2, "presence_penalty": 0.5}
+    assert (options.kind, options.model, options.n, options.logprobs, options.stream,
+            options.echo) == ("chat.completion", "smollm2", 2, True, False, False)
+    assert options.response_id.startswith("chatcmpl-")
+
+
+def test_chat_temperature_zero_is_greedy() -> None:
+    values = chat_params(temperature=0)
+    assert values["do_sample"] is False
+    assert "temperature" not in values
+
+
+def test_chat_without_temperature_samples() -> None:
+    assert chat_params()["do_sample"] is True
+
+
+def test_chat_max_completion_tokens_wins_over_max_tokens() -> None:
+    assert chat_params(max_completion_tokens=5, max_tokens=50)["max_new_tokens"] == 5
+    assert chat_params(max_tokens=50)["max_new_tokens"] == 50
+
+
+def test_chat_without_max_tokens_asks_for_what_the_server_allows() -> None:
+    assert chat_params()["max_new_tokens"] == openai.UNLIMITED == 2**31 - 1
+
+
+def test_chat_max_tokens_zero_is_not_unlimited() -> None:
+    try:
+        values = chat_params(max_tokens=0)
+    except RequestError as error:
+        assert error.field == "max_tokens"
+    else:
+        assert values["max_new_tokens"] == 0
+
+
+@pytest.mark.parametrize("fields, field", [
+    ({"max_tokens": "5"}, "max_tokens"),
+    ({"max_completion_tokens": 1.5}, "max_completion_tokens"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({"tool_choice": "auto"}, "tool_choice"),
+    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"logit_bias": {"50256": -100}}, "logit_bias"),
+    ({"functions": []}, "functions"),
+    ({"echo": True}, "echo"),
+    ({"stream_options": {"include_usage": True}}, "stream_options"),
+    ({"stream": False, "stream_options": {"include_usage": True}}, "stream_options"),
+    ({"stream": True, "stream_options": "yes"}, "stream_options"),
+    ({"stream": True, "stream_options": {"include_usage": 1}}, "include_usage"),
+    ({"logprobs": 1}, "logprobs"),
+    ({"model": 7}, "model"),
+], ids=["max-string", "max-float", "tools", "tool-choice", "response-format", "logit-bias",
+        "unknown", "completions-only", "options-without-stream", "options-stream-false",
+        "options-string", "include-usage-int", "logprobs-int", "model-int"])
+def test_chat_refusals_name_the_field(fields, field) -> None:
+    assert refused(chat, **fields).field == field
+
+
+def test_chat_accepts_what_means_no_tools_and_plain_text() -> None:
+    calls, _ = chat(tools=[], tool_choice="none", response_format={"type": "text"},
+                    logit_bias={}, user="me", metadata={"k": "v"}, store=False)
+    assert calls[0].request.WhichOneof("prompt") == "messages"
+
+
+@pytest.mark.parametrize("messages, field", [
+    (None, "messages"),
+    ("Hi", "messages"),
+    ({"role": "user", "content": "Hi"}, "messages"),
+    (["Hi"], "messages[0]"),
+    ([USER, {"content": "x"}], "messages[1].role"),
+    ([{"role": 1, "content": "x"}], "messages[0].role"),
+    ([{"role": "user", "content": 5}], "messages[0].content"),
+    ([{"role": "user", "content": {"type": "text"}}], "messages[0].content"),
+    ([USER, {"role": "user", "content": [{"type": "text", "text": "a"},
+                                         {"type": "image_url", "image_url": {"url": "x"}}]}],
+     "messages[1].content[1]"),
+    ([{"role": "user", "content": [{"type": "text", "text": 5}]}], "messages[0].content[0]"),
+    ([{"role": "user", "content": ["Hi"]}], "messages[0].content[0]"),
+], ids=["missing", "string", "object", "message-string", "no-role", "role-int", "content-int",
+        "content-object", "image-part", "text-not-string", "part-string"])
+def test_chat_messages_refusals_name_the_message(messages, field) -> None:
+    document = {} if messages is None else {"messages": messages}
+    error = refused(openai.chat_request_to_pb, document)
+    assert error.field == field
+    assert error.message.startswith(f"{field}: ")
+
+
+def test_chat_with_no_messages_sends_an_empty_conversation_for_the_server_to_refuse() -> None:
+    [call], _ = openai.chat_request_to_pb({"messages": []})
+    assert call.request.WhichOneof("prompt") == "messages"
+    assert not call.request.messages.messages
+
+
+def test_chat_stream_options() -> None:
+    _, options = chat(stream=True, stream_options={"include_usage": True})
+    assert options.stream and options.include_usage
+    _, options = chat(stream=True)
+    assert options.stream and not options.include_usage
+
+
+# --- OpenAI: completion requests ---------------------------------------------------------------
+
+def test_completion_request_defaults() -> None:
+    calls, options = completion()
+    (call,) = calls
+    assert call.request.text == "Once" and call.prompt_text == "Once"
+    assert params(call.request) == {"max_new_tokens": 16, "do_sample": True}
+    assert (options.kind, options.logprobs, options.echo, options.n) == \
+        ("text_completion", False, False, 1)
+    assert options.response_id.startswith("cmpl-")
+
+
+@pytest.mark.parametrize("prompt, expected", [
+    ("Once", [("text", "Once")]),
+    (["a", "b"], [("text", "a"), ("text", "b")]),
+    ([1, 2, 3], [("token_ids", [1, 2, 3])]),
+    ([[1, 2], [3]], [("token_ids", [1, 2]), ("token_ids", [3])]),
+    (["a", [4, 5]], [("text", "a"), ("token_ids", [4, 5])]),
+], ids=["string", "strings", "ids", "lists-of-ids", "mixed"])
+def test_completion_prompt_forms_make_one_call_each(prompt, expected) -> None:
+    calls, _ = completion(prompt=prompt)
+    got = []
+    for call in calls:
+        kind = call.request.WhichOneof("prompt")
+        ids = list(call.request.token_ids.ids)
+        got.append((kind, call.request.text if kind == "text" else ids))
+        assert call.prompt_text == (call.request.text if kind == "text" else None)
+    assert got == expected
+
+
+@pytest.mark.parametrize("prompt", [None, 5, [], [[]], [True, 1], ["a", 5], [[1], [None]], {}],
+                         ids=["null", "number", "empty", "empty-ids", "bool-id", "string-number",
+                              "null-id", "object"])
+def test_completion_bad_prompt_is_refused(prompt) -> None:
+    document = {} if prompt is None else {"prompt": prompt}
+    assert refused(openai.completion_request_to_pb, document).field == "prompt"
+
+
+@pytest.mark.parametrize("fields, field", [
+    ({"suffix": "end"}, "suffix"),
+    ({"messages": [USER]}, "messages"),
+    ({"max_completion_tokens": 5}, "max_completion_tokens"),
+    ({"max_tokens": "5"}, "max_tokens"),
+    ({"logit_bias": {"1": 1}}, "logit_bias"),
+    ({"echo": "yes"}, "echo"),
+    ({"stream_options": {"include_usage": True}}, "stream_options"),
+])
+def test_completion_refusals_name_the_field(fields, field) -> None:
+    assert refused(completion, **fields).field == field
+
+
+def test_completion_logprobs_count_asks_for_logprobs_and_alternatives() -> None:
+    calls, options = completion(logprobs=2, max_tokens=4, best_of=3, n=2, temperature=0.8)
+    assert params(calls[0].request) == {"max_new_tokens": 4, "logprobs": True, "top_logprobs": 2,
+                                        "best_of": 3, "n": 2, "temperature": 0.8}
+    assert options.logprobs and options.n == 2
+
+
+def test_completion_logprobs_zero_still_asks_for_logprobs() -> None:
+    calls, options = completion(logprobs=0)
+    assert params(calls[0].request)["logprobs"] is True
+    assert params(calls[0].request)["top_logprobs"] == 0
+    assert options.logprobs
+
+
+def test_completion_echo_of_token_ids_asks_for_the_prompts_tokens() -> None:
+    calls, options = completion(prompt=["text", [7, 8]], echo=True)
+    assert "prompt_logprobs" not in params(calls[0].request)  # its text is known
+    assert params(calls[1].request)["prompt_logprobs"] is True
+    assert options.echo
+    calls, _ = completion(prompt=[7, 8])
+    assert "prompt_logprobs" not in params(calls[0].request)
+
+
+def test_completion_temperature_zero_is_greedy() -> None:
+    calls, _ = completion(temperature=0)
+    values = params(calls[0].request)
+    assert values["do_sample"] is False and "temperature" not in values
+
+
+def test_completion_max_tokens_zero_is_not_sixteen() -> None:
+    try:
+        calls, _ = completion(max_tokens=0)
+    except RequestError as error:
+        assert error.field == "max_tokens"
+    else:
+        assert params(calls[0].request)["max_new_tokens"] == 0
+
+
+# --- OpenAI: replies ---------------------------------------------------------------------------
+
+def test_chat_reply_shape() -> None:
+    calls, options = chat(model="smollm2", n=2, logprobs=True, top_logprobs=1)
+    generation = generation_of(
+        response(0, "é", [token(5, "é", -0.5, top=[token(5, "é", -0.5)])], prompt_tokens=6,
+                 cached=2),
+        response(1, "no", [token(6, "no", -1.5, top=[token(7, "yes", -0.25)])], finish="length",
+                 prompt_tokens=6, cached=2),
+        response(0, "", [token(2, "</s>", -0.125)], finish="eos_token", generated=2,
+                 prompt_tokens=6, cached=2))
+    reply = openai.reply(calls, [generation], options)
+    assert reply["object"] == "chat.completion"
+    assert reply["id"] == options.response_id and reply["model"] == "smollm2"
+    assert reply["created"] == options.created
+    assert reply["system_fingerprint"] is None
+    first, second = reply["choices"]
+    assert first == {
+        "index": 0, "message": {"role": "assistant", "content": "é"}, "finish_reason": "stop",
+        "logprobs": {"content": [
+            {"token": "é", "logprob": -0.5, "bytes": [195, 169],
+             "top_logprobs": [{"token": "é", "logprob": -0.5, "bytes": [195, 169]}]},
+            {"token": "</s>", "logprob": -0.125, "bytes": list(b"</s>"), "top_logprobs": []}]}}
+    assert (second["index"], second["message"]["content"], second["finish_reason"]) == \
+        (1, "no", "length")
+    assert second["logprobs"]["content"][0]["top_logprobs"] == \
+        [{"token": "yes", "logprob": -0.25, "bytes": list(b"yes")}]
+    assert reply["usage"] == {"prompt_tokens": 6, "completion_tokens": 3, "total_tokens": 9,
+                              "prompt_tokens_details": {"cached_tokens": 2}}
+
+
+def test_chat_reply_without_logprobs_and_stop_reasons() -> None:
+    calls, options = chat(n=3)
+    generation = generation_of(response(0, "a", finish="stop_sequence"),
+                               response(1, "b", finish="stopped"),
+                               response(2, "c", finish="eos_token"))
+    choices = openai.reply(calls, [generation], options)["choices"]
+    assert [c["finish_reason"] for c in choices] == ["stop", "stop", "stop"]
+    assert all(c["logprobs"] is None for c in choices)
+
+
+def test_completion_reply_indexes_choices_per_prompt_and_sequence() -> None:
+    calls, options = completion(prompt=["A", "B"], n=2)
+    generations = [
+        generation_of(response(1, "a1", finish="length", prompt_tokens=1, generated=1),
+                      response(0, "a0", finish="eos_token", prompt_tokens=1, generated=1)),
+        generation_of(response(0, "b0", finish="length", prompt_tokens=2, generated=3),
+                      response(1, "b1", finish="stop_sequence", prompt_tokens=2, generated=4,
+                               cached=1)),
+    ]
+    reply = openai.reply(calls, generations, options)
+    assert reply["object"] == "text_completion"
+    assert [(c["index"], c["text"], c["finish_reason"], c["logprobs"])
+            for c in reply["choices"]] == [(0, "a0", "stop", None), (1, "a1", "length", None),
+                                           (2, "b0", "length", None), (3, "b1", "stop", None)]
+    assert reply["usage"] == {"prompt_tokens": 3, "completion_tokens": 9, "total_tokens": 12,
+                              "prompt_tokens_details": {"cached_tokens": 1}}
+
+
+def test_completion_reply_logprobs_with_echo() -> None:
+    calls, options = completion(prompt="Say", echo=True, logprobs=1)
+    generation = generation_of(
+        response(0, " hé", [token(5, " h", -0.5, top=[token(5, " h", -0.5)]),
+                            token(6, "é", -1.0, top=[token(9, "e", -0.75)])],
+                 finish="length", generated=2))
+    (choice,) = openai.reply(calls, [generation], options)["choices"]
+    assert choice["text"] == "Say hé"
+    assert choice["logprobs"] == {
+        "tokens": [" h", "é"], "token_logprobs": [-0.5, -1.0],
+        "top_logprobs": [{" h": -0.5}, {"e": -0.75}],
+        # Offsets in characters, after the echoed prompt.
+        "text_offset": [3, 5]}
+
+
+def test_completion_reply_logprobs_without_alternatives_or_logprob() -> None:
+    calls, options = completion(logprobs=0)
+    generation = generation_of(response(0, "ab", [token(5, "a", -0.5), token(6, "b")],
+                                        finish="length", generated=2))
+    (choice,) = openai.reply(calls, [generation], options)["choices"]
+    assert choice["logprobs"] == {"tokens": ["a", "b"], "token_logprobs": [-0.5, None],
+                                  "top_logprobs": [None, None], "text_offset": [0, 1]}
+
+
+def test_completion_reply_echoes_a_token_id_prompt_from_its_tokens() -> None:
+    calls, options = completion(prompt=[1, 15], echo=True)
+    generation = generation_of(response(0, "!", [token(3, "!")], finish="length",
+                                        prompt=[token(1, "<s>"), token(15, "Hello", -2.0)]))
+    (choice,) = openai.reply(calls, [generation], options)["choices"]
+    assert choice["text"] == "<s>Hello!"
+
+
+def test_completion_reply_without_echo_has_only_the_completion() -> None:
+    calls, options = completion(prompt="Say")
+    generation = generation_of(response(0, " hi", finish="length"))
+    assert openai.reply(calls, [generation], options)["choices"][0]["text"] == " hi"
+
+
+# --- OpenAI: streamed chunks -------------------------------------------------------------------
+
+def test_chat_chunks() -> None:
+    _, options = chat(model="m", stream=True)
+    role = openai.chunk(options, 0, role=True)
+    assert role == {"id": options.response_id, "object": "chat.completion.chunk",
+                    "created": options.created, "model": "m",
+                    "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                 "logprobs": None, "finish_reason": None}]}
+    content = openai.chunk(options, 1, delta_text="Hi", tokens=[token(5, "Hi", -0.5)])
+    assert content["choices"] == [{"index": 1, "delta": {"content": "Hi"}, "logprobs": None,
+                                   "finish_reason": None}]
+    last = openai.chunk(options, 0, finish_reason="eos_token")
+    assert last["choices"][0]["delta"] == {}
+    assert last["choices"][0]["finish_reason"] == "stop"
+    assert openai.chunk(options, 0, finish_reason="length")["choices"][0]["finish_reason"] == \
+        "length"
+    assert "usage" not in content
+
+
+def test_chat_chunk_with_logprobs() -> None:
+    _, options = chat(stream=True, logprobs=True)
+    document = openai.chunk(options, 0, delta_text="Hi", tokens=[token(5, "Hi", -0.5)])
+    assert document["choices"][0]["logprobs"] == {"content": [
+        {"token": "Hi", "logprob": -0.5, "bytes": list(b"Hi"), "top_logprobs": []}]}
+    # A chunk without tokens (the role's) has none.
+    assert openai.chunk(options, 0, role=True)["choices"][0]["logprobs"] is None
+
+
+def test_chunks_have_a_null_usage_only_when_usage_is_asked_for() -> None:
+    _, options = chat(stream=True, stream_options={"include_usage": True})
+    document = openai.chunk(options, 0, delta_text="x")
+    assert "usage" in document and document["usage"] is None
+
+
+def test_completion_chunks() -> None:
+    _, options = completion(stream=True, logprobs=1)
+    document = openai.chunk(options, 2, delta_text="lo", tokens=[token(5, "lo", -0.5)],
+                            finish_reason="stop_sequence")
+    assert document["object"] == "text_completion"
+    assert document["id"] == options.response_id and document["id"].startswith("cmpl-")
+    assert document["choices"] == [{
+        "index": 2, "text": "lo", "finish_reason": "stop",
+        "logprobs": {"tokens": ["lo"], "token_logprobs": [-0.5], "top_logprobs": [None],
+                     "text_offset": [0]}}]
+    empty = openai.chunk(options, 0)
+    assert empty["choices"][0]["text"] == "" and empty["choices"][0]["logprobs"] is None
+    assert empty["choices"][0]["finish_reason"] is None
+
+
+def test_usage_chunk() -> None:
+    for kind, (_, options) in (("chat.completion.chunk", chat(stream=True)),
+                               ("text_completion", completion(stream=True))):
+        generation = generation_of(response(0, "a", prompt_tokens=4, generated=5,
+                                            finish="length", cached=3))
+        assert openai.usage_chunk([generation], options) == {
+            "id": options.response_id, "object": kind, "created": options.created,
+            "model": "", "choices": [],
+            "usage": {"prompt_tokens": 4, "completion_tokens": 5, "total_tokens": 9,
+                      "prompt_tokens_details": {"cached_tokens": 3}}}
+
+
+# --- OpenAI: models and errors -----------------------------------------------------------------
+
+def test_models_json() -> None:
+    assert openai.models_json(["a", "b"], 1700000000) == {"object": "list", "data": [
+        {"id": "a", "object": "model", "created": 1700000000, "owned_by": "switchboard"},
+        {"id": "b", "object": "model", "created": 1700000000, "owned_by": "switchboard"}]}
+    assert openai.model_json("a", 5) == {"id": "a", "object": "model", "created": 5,
+                                         "owned_by": "switchboard"}
+
+
+@pytest.mark.parametrize("status, error_type", [
+    (400, "invalid_request_error"), (404, "not_found_error"), (401, "authentication_error"),
+    (403, "permission_error"), (429, "rate_limit_error"), (504, "timeout_error"),
+    (500, "server_error"), (503, "server_error")])
+def test_openai_error_body(status: int, error_type: str) -> None:
+    assert openai.error_body(status, "max_tokens: must be an integer", "max_tokens") == {
+        "error": {"message": "max_tokens: must be an integer", "type": error_type,
+                  "param": "max_tokens", "code": status}}
+
+
+# --- vLLM's demo server ------------------------------------------------------------------------
+
+def test_vllm_request_translates_parameters() -> None:
+    request, prompt, stream, deadline_s = vllm.generate_request_to_pb({
+        "prompt": "Hi", "stream": True, "n": 2, "max_tokens": 8, "min_tokens": 1,
+        "temperature": 0.8, "top_k": -1, "top_p": 0.9, "stop": ["x"], "ignore_eos": True,
+        "stop_token_ids": [2], "seed": 4, "best_of": 3, "presence_penalty": 0.1})
+    assert request.text == "Hi" and request.model_name == ""
+    assert (prompt, stream, deadline_s) == ("Hi", True, 600.0)
+    assert params(request) == {"n": 2, "max_new_tokens": 8, "min_new_tokens": 1,
+                               "temperature": 0.8, "do_sample": True, "top_k": 0, "top_p": 0.9,
+                               "stop": '["x"]', "ignore_eos": True, "stop_token_ids": "[2]",
+                               "seed": 4, "best_of": 3, "presence_penalty": 0.1}
+
+
+def test_vllm_request_defaults() -> None:
+    request, prompt, stream, _ = vllm.generate_request_to_pb({"prompt": "Hi"})
+    assert params(request) == {"max_new_tokens": 16, "do_sample": True}
+    assert (prompt, stream) == ("Hi", False)
+
+
+def test_vllm_temperature_zero_is_greedy() -> None:
+    request, *_ = vllm.generate_request_to_pb({"prompt": "Hi", "temperature": 0.0, "top_k": 5})
+    assert params(request) == {"max_new_tokens": 16, "do_sample": False, "top_k": 5}
+
+
+@pytest.mark.parametrize("document, field", [
+    ({}, "prompt"),
+    ({"prompt": ["a"]}, "prompt"),
+    ({"prompt": 5}, "prompt"),
+    ({"inputs": "x", "prompt": "x"}, "inputs"),
+    ({"prompt": "x", "max_new_tokens": 5}, "max_new_tokens"),
+    ({"prompt": "x", "stream": "yes"}, "stream"),
+    ("x", "the body"),
+])
+def test_vllm_refusals_name_the_field(document, field) -> None:
+    assert refused(vllm.generate_request_to_pb, document).field == field
+
+
+def test_vllm_texts_prefix_the_prompt_in_sequence_order() -> None:
+    generation = generation_of(response(1, " b1"), response(0, " a"), response(1, "b2"))
+    assert vllm.texts(generation, "Hi") == {"text": ["Hi a", "Hi b1b2"]}
+
+
+def test_vllm_stream_line_ends_with_nul() -> None:
+    generation = generation_of(response(0, " thé"))
+    line = vllm.stream_line(generation, "Hi")
+    assert line.endswith(b"\0") and line.count(b"\0") == 1
+    assert "thé".encode() in line  # UTF-8, not \u escapes
+    assert json.loads(line[:-1]) == {"text": ["Hi thé"]}
+
+
+def test_vllm_stream_error() -> None:
+    line = vllm.stream_error({"error": "prompt: too long"})
+    assert line == b'{"error": "prompt: too long"}\0'
