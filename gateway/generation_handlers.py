@@ -1,5 +1,5 @@
-"""Routes of TGI, vLLM's demo server and OpenAI, over switchboard.v1 Generate (and KServe v2
-for the model's name and limits)."""
+"""Routes of TGI, vLLM's demo server, OpenAI and MindIE's native API, over switchboard.v1
+Generation (and KServe v2 for the model's name and limits)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import grpc
 
 from gateway.errors import RequestError
 from gateway.handler import Handler
-from gateway.protocols import openai, tgi, vllm
+from gateway.protocols import mindie, openai, tgi, vllm
 from gateway.protocols.generation import Generation, field_in_protocol
 from gateway.protocols.kserve import parse_json
 from gateway.sse import sse_event
@@ -267,3 +267,49 @@ async def _merged(calls: list[grpc.aio.UnaryStreamCall]
             call.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class MindIEHandler(GenerationHandler):
+    """MindIE's native routes: errors `{"error", "error_type"}`; a field refused by the
+    gateway or the server is 422 (Input Validation Error), malformed JSON 400."""
+
+    status_table = mindie.HTTP_STATUS
+    tokens = False  # /infer_token: token ids in and out
+
+    def describe_field_error(self, error: BaseException | None, status: int
+                             ) -> tuple[int, str, str | None]:
+        status, message, field = super().describe_field_error(error, status)
+        return (422 if status == 400 and field else status), message, field
+
+    def error_body(self, status: int, message: str) -> object:
+        return mindie.error_body(status, message)
+
+    async def post(self) -> None:
+        self.names = mindie.TOKEN_NAMES if self.tokens else mindie.NAMES
+        request, stream, details, deadline_s = mindie.infer_request_to_pb(
+            parse_json(self.body), self.tokens)
+        generation = Generation()
+        call = self.generate(request, deadline_s)
+        if stream:
+            def render(response: sb.GenerateResponse) -> Iterable[bytes]:
+                generation.add(response)
+                return [sse_event(mindie.stream_event(response, generation, details,
+                                                      self.tokens))]
+
+            await self.relay(call, render)
+            return
+        async for response in call:
+            generation.add(response)
+        self.write_json(mindie.reply(generation, details, self.tokens))
+
+
+class MindIETokenHandler(MindIEHandler):
+    tokens = True
+
+
+class TokenizerHandler(MindIEHandler):
+    async def post(self) -> None:
+        request, decode = mindie.tokenize_request_to_pb(parse_json(self.body))
+        response = await self.track(self.upstream.generation.Tokenize(
+            request, timeout=METADATA_TIMEOUT_S))
+        self.write_json(mindie.tokenize_reply(response, decode))

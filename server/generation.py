@@ -20,6 +20,7 @@ from proto import switchboard_pb2_grpc as sb_grpc
 from server import codec
 from server.errors import status_for
 from server.served_model import ServedModel
+from server.servicer import engine_errors
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +47,15 @@ class GenerationServicer(sb_grpc.GenerationServicer):
                         yield generate_response(event, spec.prompt_token_ids, tokens)
         except EngineError as error:
             await context.abort(status_for(error), error.message)
+
+    @engine_errors
+    async def Tokenize(self, request: sb.TokenizeRequest, context: grpc.aio.ServicerContext
+                       ) -> sb.TokenizeResponse:
+        engine = self.served.ready_engine()
+        if request.model_name:
+            self.served.check_model(request.model_name)
+        ids = engine.encode(request.text)
+        return sb.TokenizeResponse(ids=ids, texts=engine.token_texts(ids))
 
 
 def _prompt_token_ids(engine: EngineClient, request: sb.GenerateRequest) -> list[int]:

@@ -531,3 +531,14 @@ def test_reflection_lists_generation_and_management(channel) -> None:
     [method] = service.method
     assert (method.name, method.input_type, method.output_type, method.server_streaming) == \
         ("Generate", ".switchboard.v1.GenerateRequest", ".switchboard.v1.GenerateResponse", True)
+
+
+def test_tokenize_matches_the_ids_a_text_prompt_is_generated_from(generation) -> None:
+    tokenized = generation.Tokenize(sb.TokenizeRequest(text=QUESTION), timeout=10)
+    assert "".join(tokenized.texts) == QUESTION
+    responses = generate(generation, request(text=QUESTION, max_new_tokens=1,
+                                             prompt_logprobs=True))
+    assert list(tokenized.ids) == [token.id for token in responses[0].prompt]
+    with pytest.raises(grpc.RpcError) as caught:
+        generation.Tokenize(sb.TokenizeRequest(model_name="nope", text="x"), timeout=10)
+    assert caught.value.code() is grpc.StatusCode.NOT_FOUND

@@ -1,0 +1,112 @@
+"""MindIE's native routes ⇄ switchboard.v1: POST /infer (text in), /infer_token (`input_id`
+token ids in) and /v1/tokenizer.
+
+Request `{"inputs" | "input_id", "stream", "parameters": {...MindIE's names...}}`. Reply
+`{"generated_text", "details": {"finish_reason", "generated_tokens", "seed"}}` (details when
+asked for; /infer_token adds `generated_token_ids`). Streams send one
+`{"prefill_time", "decode_time", "token": {"id", "text"}}` event per token (ms; the first
+token's time is prefill_time, the others' decode_time; /infer_token's `id` is a list, as
+MindIE's), the last with `generated_text` and, when asked for, `details`.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+from gateway.errors import bad_request
+from gateway.protocols.generation import Generation, generate_request, optional_bool
+from gateway.protocols.kserve import optional_string, require_object
+from gateway.protocols.parameters import json_type
+from proto import switchboard_pb2 as sb
+
+HTTP_STATUS = {
+    grpc.StatusCode.INVALID_ARGUMENT: 422,
+    grpc.StatusCode.NOT_FOUND: 404,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 503,
+    grpc.StatusCode.UNAVAILABLE: 503,
+    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
+    grpc.StatusCode.INTERNAL: 424,
+    grpc.StatusCode.UNAUTHENTICATED: 401,
+    grpc.StatusCode.PERMISSION_DENIED: 403,
+}
+ERROR_TYPES = {400: "Bad Request", 404: "NotFoundError", 422: "Input Validation Error",
+               424: "Generation Error", 500: "Incomplete Generation", 503: "Service Unavailable"}
+NAMES = {"inputs": "prompt"}
+TOKEN_NAMES = {"input_id": "prompt"}
+MICROSECONDS_PER_MS = 1000
+
+
+def infer_request_to_pb(document: object, tokens: bool
+                        ) -> tuple[sb.GenerateRequest, bool, bool, float]:
+    """The request, whether to stream, whether to answer details, and the call's deadline (s)."""
+    document = require_object(document, "the body")
+    if tokens:
+        prompt = document.get("input_id")
+        if not isinstance(prompt, list) or not all(
+                isinstance(i, int) and not isinstance(i, bool) for i in prompt):
+            raise bad_request("input_id", f"must be an array of token ids; got {json_type(prompt)}")
+    else:
+        prompt = document.get("inputs")
+        if not isinstance(prompt, str):
+            raise bad_request("inputs", f"must be a string; got {json_type(prompt)}")
+    parameters = dict(require_object(document.get("parameters") or {}, "parameters"))
+    if not optional_bool(parameters, "skip_special_tokens", True):
+        raise bad_request("skip_special_tokens", "only true is supported: special tokens never "
+                          "appear in text")
+    parameters.pop("skip_special_tokens", None)
+    details = optional_bool(parameters, "details")
+    request, deadline_s = generate_request("", prompt, parameters,
+                                           optional_string(document, "id"))
+    return request, optional_bool(document, "stream"), details, deadline_s
+
+
+def _details(generation: Generation) -> dict[str, object]:
+    [sequence] = generation.ordered()
+    return {"finish_reason": sequence.finish_reason,
+            "generated_tokens": sequence.generated_tokens, "seed": sequence.seed}
+
+
+def reply(generation: Generation, details: bool, tokens: bool) -> dict[str, object]:
+    [sequence] = generation.ordered()
+    document: dict[str, object] = {"generated_text": sequence.generated_text}
+    if tokens:
+        document["generated_token_ids"] = [token.id for token in sequence.tokens]
+    if details:
+        document["details"] = _details(generation)
+    return document
+
+
+def stream_event(response: sb.GenerateResponse, generation: Generation, details: bool,
+                 tokens: bool) -> dict[str, object]:
+    """The event for one response (already added to `generation`)."""
+    latency_ms = round(response.token_latency_us / MICROSECONDS_PER_MS, 3)
+    first = generation.sequences[response.index].generated_tokens <= 1
+    ids = [token.id for token in response.tokens]
+    event: dict[str, object] = {
+        "prefill_time": latency_ms if first else None,
+        "decode_time": None if first else latency_ms,
+        "token": {"id": ids if tokens else (ids[0] if ids else None), "text": response.text},
+    }
+    if response.finish_reason:
+        event["generated_text"] = generation.sequences[response.index].generated_text
+        if details:
+            event["details"] = _details(generation)
+    return event
+
+
+def tokenize_request_to_pb(document: object) -> tuple[sb.TokenizeRequest, bool]:
+    """The request and whether to answer the tokens' texts (`do_decode`) instead of ids."""
+    document = require_object(document, "the body")
+    text = document.get("inputs")
+    if not isinstance(text, str):
+        raise bad_request("inputs", f"must be a string; got {json_type(text)}")
+    return sb.TokenizeRequest(text=text), optional_bool(document, "do_decode")
+
+
+def tokenize_reply(response: sb.TokenizeResponse, decode: bool) -> dict[str, object]:
+    tokens = list(response.texts) if decode else list(response.ids)
+    return {"token_number": len(response.ids), "tokens": tokens}
+
+
+def error_body(status: int, message: str) -> dict[str, object]:
+    return {"error": message, "error_type": ERROR_TYPES.get(status, "Incomplete Generation")}

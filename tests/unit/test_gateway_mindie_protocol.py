@@ -1,0 +1,108 @@
+"""MindIE's native /infer, /infer_token and /v1/tokenizer ⇄ switchboard.v1, without a network."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.errors import RequestError
+from gateway.protocols import mindie
+from gateway.protocols.generation import Generation
+from proto import switchboard_pb2 as sb
+
+
+def response(text: str, token_id: int, *, latency_us: int = 5000, finish: str = "",
+             generated: int = 1) -> sb.GenerateResponse:
+    return sb.GenerateResponse(text=text, tokens=[sb.Token(id=token_id, text=text)],
+                               token_latency_us=latency_us, finish_reason=finish,
+                               generated_tokens=generated, seed=7)
+
+
+def test_infer_request_carries_text_parameters_id_and_deadline() -> None:
+    request, stream, details, deadline_s = mindie.infer_request_to_pb(
+        {"id": "a1", "inputs": "Hi", "stream": True,
+         "parameters": {"max_new_tokens": 4, "details": True, "timeout": 10, "seed": None}},
+        tokens=False)
+    assert (request.text, request.id, stream, details, deadline_s) == ("Hi", "a1", True, True, 10.0)
+    assert request.parameters["max_new_tokens"].int64_param == 4
+    assert request.parameters["timeout"].int64_param == 10_000_000
+    assert "seed" not in request.parameters
+
+
+def test_infer_token_request_carries_token_ids() -> None:
+    request, stream, details, _ = mindie.infer_request_to_pb({"input_id": [5, 6]}, tokens=True)
+    assert list(request.token_ids.ids) == [5, 6] and not stream and not details
+
+
+@pytest.mark.parametrize(("body", "tokens", "field"), [
+    ({}, False, "inputs"),
+    ({"inputs": ["a"]}, False, "inputs"),
+    ({"input_id": "5 6"}, True, "input_id"),
+    ({"input_id": [5, True]}, True, "input_id"),
+    ({"inputs": "x", "parameters": {"skip_special_tokens": False}}, False, "skip_special_tokens"),
+    ({"inputs": "x", "stream": "yes"}, False, "stream"),
+])
+def test_bad_requests_are_refused_naming_the_field(body: dict, tokens: bool, field: str) -> None:
+    with pytest.raises(RequestError) as caught:
+        mindie.infer_request_to_pb(body, tokens)
+    assert caught.value.field == field
+
+
+def test_skip_special_tokens_true_is_accepted_and_not_sent_on() -> None:
+    request, *_ = mindie.infer_request_to_pb(
+        {"inputs": "x", "parameters": {"skip_special_tokens": True}}, tokens=False)
+    assert "skip_special_tokens" not in request.parameters
+
+
+def collect(*responses: sb.GenerateResponse) -> Generation:
+    generation = Generation()
+    for item in responses:
+        generation.add(item)
+    return generation
+
+
+def test_reply_has_details_only_when_asked_and_ids_for_infer_token() -> None:
+    generation = collect(response(" Paris", 7042), response(".", 30, finish="length", generated=2))
+    assert mindie.reply(generation, details=False, tokens=False) == {"generated_text": " Paris."}
+    assert mindie.reply(generation, details=True, tokens=True) == {
+        "generated_text": " Paris.", "generated_token_ids": [7042, 30],
+        "details": {"finish_reason": "length", "generated_tokens": 2, "seed": 7}}
+
+
+def test_stream_events_time_the_first_token_as_prefill_and_end_with_the_text() -> None:
+    generation = Generation()
+    events = []
+    for item in (response(" Paris", 7042, latency_us=75_500),
+                 response(".", 30, latency_us=12_250, finish="eos_token", generated=2)):
+        generation.add(item)
+        events.append(mindie.stream_event(item, generation, details=True, tokens=False))
+    assert events[0] == {"prefill_time": 75.5, "decode_time": None,
+                         "token": {"id": 7042, "text": " Paris"}}
+    assert events[1]["prefill_time"] is None and events[1]["decode_time"] == 12.25
+    assert events[1]["generated_text"] == " Paris."
+    assert events[1]["details"]["finish_reason"] == "eos_token"
+
+
+def test_infer_token_stream_events_give_ids_as_lists_and_no_details_unless_asked() -> None:
+    item = response("a", 3, finish="length")
+    event = mindie.stream_event(item, collect(item), details=False, tokens=True)
+    assert event["token"] == {"id": [3], "text": "a"} and "details" not in event
+
+
+def test_tokenizer_request_and_reply() -> None:
+    request, decode = mindie.tokenize_request_to_pb({"inputs": "Hello world", "do_decode": True})
+    assert request.text == "Hello world" and decode
+    answer = sb.TokenizeResponse(ids=[19556, 905], texts=["Hello", " world"])
+    assert mindie.tokenize_reply(answer, decode=False) == {"token_number": 2,
+                                                            "tokens": [19556, 905]}
+    assert mindie.tokenize_reply(answer, decode=True)["tokens"] == ["Hello", " world"]
+    with pytest.raises(RequestError) as caught:
+        mindie.tokenize_request_to_pb({"text": "x"})
+    assert caught.value.field == "inputs"
+
+
+@pytest.mark.parametrize(("status", "error_type"), [
+    (400, "Bad Request"), (404, "NotFoundError"), (422, "Input Validation Error"),
+    (424, "Generation Error"), (500, "Incomplete Generation"), (503, "Service Unavailable"),
+])
+def test_error_envelope_types_by_status(status: int, error_type: str) -> None:
+    assert mindie.error_body(status, "m") == {"error": "m", "error_type": error_type}
