@@ -528,9 +528,12 @@ def test_reflection_lists_generation_and_management(channel) -> None:
     # Reflection serves the service's own definition: a client can discover Generate by it.
     file = database.FindFileContainingSymbol("switchboard.v1.Generation")
     [service] = [service for service in file.service if service.name == "Generation"]
-    [method] = service.method
-    assert (method.name, method.input_type, method.output_type, method.server_streaming) == \
-        ("Generate", ".switchboard.v1.GenerateRequest", ".switchboard.v1.GenerateResponse", True)
+    methods = {method.name: (method.input_type, method.output_type, method.server_streaming)
+               for method in service.method}
+    assert methods == {
+        "Generate": (".switchboard.v1.GenerateRequest", ".switchboard.v1.GenerateResponse", True),
+        "Tokenize": (".switchboard.v1.TokenizeRequest", ".switchboard.v1.TokenizeResponse", False),
+    }
 
 
 def test_tokenize_matches_the_ids_a_text_prompt_is_generated_from(generation) -> None:
