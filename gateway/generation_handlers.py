@@ -12,16 +12,14 @@ from collections.abc import AsyncIterator, Iterable, Mapping
 import grpc
 
 from gateway.errors import RequestError
-from gateway.handler import Handler
+from gateway.handler import METADATA_TIMEOUT_S, Handler
 from gateway.protocols import mindie, openai, tgi, vllm
 from gateway.protocols.generation import Generation, field_in_protocol
 from gateway.protocols.kserve import parse_json
-from gateway.sse import sse_event
+from gateway.sse import DONE_EVENT, sse_event
 from proto import grpc_service_pb2 as pb
 from proto import switchboard_pb2 as sb
 
-METADATA_TIMEOUT_S = 10.0
-DONE = b"data: [DONE]\n\n"
 
 
 class GenerationHandler(Handler):
@@ -222,10 +220,10 @@ class CompletionsHandler(OpenAIHandler):
         def end() -> bytes:
             usage = sse_event(openai.usage_chunk(generations, options)) \
                 if options.include_usage else b""
-            return usage + DONE
+            return usage + DONE_EVENT
 
         await self.relay(_merged(streams), render, end=end,
-                         error_event=lambda body: sse_event(body) + DONE)
+                         error_event=lambda body: sse_event(body) + DONE_EVENT)
 
 
 class ChatCompletionsHandler(CompletionsHandler):

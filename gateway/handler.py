@@ -19,6 +19,8 @@ from gateway.upstream import Upstream
 
 logger = logging.getLogger(__name__)
 Response = TypeVar("Response")
+# Deadline of the small unary calls (health, metadata, model index, tokenizer, management).
+METADATA_TIMEOUT_S = 10.0
 
 
 @tornado.web.stream_request_body

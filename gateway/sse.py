@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 CONTENT_TYPE = "text/event-stream; charset=utf-8"
+# OpenAI's last event of a stream.
+DONE_EVENT = b"data: [DONE]\n\n"
 
 
 def sse_event(data: object) -> bytes:

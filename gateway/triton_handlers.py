@@ -6,7 +6,7 @@ from __future__ import annotations
 import grpc
 
 from gateway.errors import RequestError, bad_request
-from gateway.handler import Handler
+from gateway.handler import METADATA_TIMEOUT_S, Handler
 from gateway.protocols import kserve, triton
 from gateway.protocols.kserve import optional_string, require_object
 from gateway.sse import sse_event
@@ -14,7 +14,6 @@ from gateway.upstream import STATUS_ERRORS
 from proto import grpc_service_pb2 as pb
 from proto import switchboard_pb2 as sb
 
-METADATA_TIMEOUT_S = 10.0
 
 
 class ServerLiveHandler(Handler):

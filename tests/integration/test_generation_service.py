@@ -4,7 +4,6 @@ them (sync gRPC and our generated stubs)."""
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator
 
@@ -14,6 +13,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
 
+from gateway.protocols.parameters import to_parameter
 from proto import grpc_service_pb2 as pb
 from proto import grpc_service_pb2_grpc as pb_grpc
 from proto import switchboard_pb2 as sb
@@ -24,7 +24,6 @@ QUESTION = "What is the capital of France?"
 COMPLETION_PROMPT = "The capital of France is"
 CALL_TIMEOUT_S = 60
 SLOTS_FREED_WITHIN_S = 5.0
-INT64_MAX = 2**63 - 1
 UINT64_MAX = 2**64 - 1
 
 
@@ -55,20 +54,6 @@ def inference(channel) -> pb_grpc.GRPCInferenceServiceStub:
     return pb_grpc.GRPCInferenceServiceStub(channel)
 
 
-def parameter(value: object) -> pb.InferParameter:
-    if isinstance(value, bool):
-        return pb.InferParameter(bool_param=value)
-    if isinstance(value, int) and value > INT64_MAX:
-        return pb.InferParameter(uint64_param=value)
-    if isinstance(value, int):
-        return pb.InferParameter(int64_param=value)
-    if isinstance(value, float):
-        return pb.InferParameter(double_param=value)
-    if isinstance(value, list):
-        return pb.InferParameter(string_param=json.dumps(value))
-    return pb.InferParameter(string_param=value)
-
-
 def chat(*messages: tuple[str, str]) -> sb.ChatMessages:
     return sb.ChatMessages(messages=[sb.ChatMessage(role=role, content=content)
                                      for role, content in messages])
@@ -78,7 +63,7 @@ def request(*, text: str | None = None, token_ids: list[int] | None = None,
             messages: sb.ChatMessages | None = None, model_name: str = "", id: str = "",
             **parameters: object) -> sb.GenerateRequest:
     message = sb.GenerateRequest(model_name=model_name, id=id,
-                                 parameters={name: parameter(value)
+                                 parameters={name: to_parameter(name, value)
                                              for name, value in parameters.items()})
     if text is not None:
         message.text = text
