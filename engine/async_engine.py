@@ -44,6 +44,8 @@ class ModelInfo:
     num_kv_blocks: int
     block_size: int
     special_token_ids: frozenset[int]
+    kv_cache_bytes: int
+    max_batch_size: int
 
 
 class AsyncEngine:
@@ -75,8 +77,8 @@ class AsyncEngine:
 
     @classmethod
     def from_loaded(cls, loaded: LoadedModel, config: EngineConfig) -> AsyncEngine:
-        num_blocks = config.num_kv_blocks or max(1, config.kv_cache_mib * 2**20 // (
-            config.block_size * kv_bytes_per_token(loaded.model, loaded.dtype)))
+        block_bytes = config.block_size * kv_bytes_per_token(loaded.model, loaded.dtype)
+        num_blocks = config.num_kv_blocks or max(1, config.kv_cache_mib * 2**20 // block_bytes)
         runner = PagedRunner(loaded.model, loaded.device, num_blocks, config.block_size)
         block_manager = BlockManager(num_blocks, config.block_size,
                                      enable_prefix_caching=config.enable_prefix_caching)
@@ -91,7 +93,9 @@ class AsyncEngine:
                          dtype=str(loaded.dtype).removeprefix("torch."),
                          vocab_size=loaded.vocab_size, eos_token_ids=loaded.eos_token_ids,
                          num_kv_blocks=num_blocks, block_size=config.block_size,
-                         special_token_ids=frozenset(loaded.tokenizer.all_special_ids))
+                         special_token_ids=frozenset(loaded.tokenizer.all_special_ids),
+                         kv_cache_bytes=num_blocks * block_bytes,
+                         max_batch_size=config.max_batch_size)
         return cls(core, loaded.tokenizer, limits, info,
                    max_unfinished=config.max_batch_size + config.max_queue_len,
                    num_threads=config.num_threads)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from collections.abc import Awaitable
 from pathlib import Path
 from importlib.metadata import PackageNotFoundError, version
 
@@ -61,12 +62,15 @@ class Server:
         self._grpc = grpc.aio.server()
         self._engine: AsyncEngine | None = None
         self.port: int | None = None
+        # Set by SIGTERM / SIGINT or by a StopService call that has drained the server.
+        self.exit_requested = asyncio.Event()
 
     async def start(self) -> None:
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(
             InferenceServicer(self._served, package_version()), self._grpc)
         sb_grpc.add_GenerationServicer_to_server(GenerationServicer(self._served), self._grpc)
-        sb_grpc.add_ManagementServicer_to_server(ManagementServicer(self._served), self._grpc)
+        sb_grpc.add_ManagementServicer_to_server(
+            ManagementServicer(self._served, self.stop_service), self._grpc)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
         reflection.enable_server_reflection(
             (*SERVICES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
@@ -93,6 +97,17 @@ class Server:
         logger.info("model %s loaded from %s (%s, %s; max_seq_len %d)", self._config.model_name,
                     info.source, info.device, info.dtype, self._engine.limits.max_seq_len)
 
+    async def drain(self) -> None:
+        """Graceful stop: refuse new requests (health NOT_SERVING), wait for those in flight."""
+        if self._served.begin_stop():
+            await self._health.enter_graceful_shutdown()
+        await self._served.drained()
+
+    async def stop_service(self) -> None:
+        """Drain, then ask `serve` to exit."""
+        await self.drain()
+        self.exit_requested.set()
+
     async def stop(self) -> None:
         await self._health.enter_graceful_shutdown()
         await self._grpc.stop(SHUTDOWN_GRACE_S)
@@ -112,22 +127,37 @@ class Server:
 
 
 async def serve(engine_config: EngineConfig, config: ServerConfig) -> None:
-    """Run until SIGINT or SIGTERM, then stop gracefully."""
-    stop = asyncio.Event()
+    """Run until SIGINT, SIGTERM or a StopService call; a signal drains the requests in flight
+    first, and a second signal stops at once."""
+    server = Server(engine_config, config)
+    signalled, forced = asyncio.Event(), asyncio.Event()
+
+    def on_signal() -> None:
+        (forced if signalled.is_set() else signalled).set()
+        server.exit_requested.set()
+
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
-    server = Server(engine_config, config)
+        loop.add_signal_handler(signum, on_signal)
     await server.start()
     loading = asyncio.create_task(server.load())
-    await asyncio.wait({loading, asyncio.create_task(stop.wait())},
-                       return_when=asyncio.FIRST_COMPLETED)
+    await _first_of(loading, server.exit_requested.wait())
     if loading.done():
         loading.result()
         logger.info("ready: serving model %r over gRPC on %s:%d%s. Try: %s", config.model_name,
                     config.grpc_host, server.port, "" if config.is_insecure else " (mutual TLS)",
                     server.how_to_call())
-        await stop.wait()
-    logger.info("stopping")
+        await server.exit_requested.wait()
     loading.cancel()
+    logger.info("stopping: finishing the requests in flight (signal again to stop at once)")
+    await _first_of(server.drain(), forced.wait())
     await server.stop()
+
+
+async def _first_of(*awaitables: Awaitable[object]) -> None:
+    """Wait for the first to finish; cancel the others (tasks passed in are left running)."""
+    tasks = [asyncio.ensure_future(awaitable) for awaitable in awaitables]
+    _, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    for task in pending:
+        if task not in awaitables:
+            task.cancel()

@@ -41,10 +41,9 @@ class GenerationServicer(sb_grpc.GenerationServicer):
             logger.info("request %s (client id %r): %d prompt tokens, generation", spec.request_id,
                         request.id, len(spec.prompt_token_ids))
             tokens = TokenDescriber(engine)
-            with self.served.running(request.id, spec.request_id):
-                async with contextlib.aclosing(engine.generate(spec)) as events:
-                    async for event in events:
-                        yield generate_response(event, spec.prompt_token_ids, tokens)
+            async with contextlib.aclosing(self.served.generate(spec, request.id)) as events:
+                async for event in events:
+                    yield generate_response(event, spec.prompt_token_ids, tokens)
         except EngineError as error:
             await context.abort(status_for(error), error.message)
 

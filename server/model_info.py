@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.config import EngineLimits
+from engine.protocol import EngineClient
 from engine.validation import MAX_SEQUENCES, MAX_STOP_SEQUENCES, MAX_TOP_LOGPROBS
 from proto import grpc_service_pb2 as pb
 from proto import model_config_pb2 as mc
@@ -12,6 +12,8 @@ PLATFORM = "switchboard"
 MODEL_VERSION = "1"
 # Triton extensions this server implements (ServerMetadataResponse.extensions).
 EXTENSIONS = ("model_configuration", "parameters", "schedule_policy")
+# Devices the model is spread over: one (no tensor parallelism).
+WORLD_SIZE = 1
 
 _TENSOR_SHAPES = {
     InputKind.TOKENS: ([-1], [1, -1]),
@@ -32,22 +34,31 @@ def model_metadata(model_name: str) -> pb.ModelMetadataResponse:
     return response
 
 
-def model_config(model_name: str, limits: EngineLimits | None) -> pb.ModelConfigResponse:
+def model_config(model_name: str, engine: EngineClient | None) -> pb.ModelConfigResponse:
     """Both inputs are optional: a request carries one of them. Decoupled, since streaming
-    sends one response per token."""
+    sends one response per token. Once the model is loaded, `parameters` carry its limits and
+    the engine's static configuration (MindIE's /v1/config reads them)."""
     config = mc.ModelConfig(name=model_name, platform=PLATFORM, backend=PLATFORM, max_batch_size=0,
                             model_transaction_policy=mc.ModelTransactionPolicy(decoupled=True))
     for kind, (input_shape, output_shape) in _TENSOR_SHAPES.items():
         data_type = _CONFIG_TYPES[kind.datatype]
         config.input.add(name=kind.input_name, data_type=data_type, dims=input_shape, optional=True)
         config.output.add(name=kind.output_name, data_type=data_type, dims=output_shape)
-    if limits is not None:
+    if engine is not None:
+        limits, info = engine.limits, engine.info
         for key, value in (("max_seq_len", limits.max_seq_len),
                            ("max_input_len", limits.max_input_len),
                            ("max_iter_times", limits.max_iter_times),
                            ("vocab_size", limits.vocab_size),
                            ("max_sequences", MAX_SEQUENCES),
                            ("max_stop_sequences", MAX_STOP_SEQUENCES),
-                           ("max_top_logprobs", MAX_TOP_LOGPROBS)):
+                           ("max_top_logprobs", MAX_TOP_LOGPROBS),
+                           ("max_running_requests", info.max_batch_size),
+                           ("block_size", info.block_size),
+                           ("num_kv_blocks", info.num_kv_blocks),
+                           ("kv_cache_bytes", info.kv_cache_bytes),
+                           ("device", info.device),
+                           ("dtype", info.dtype),
+                           ("world_size", WORLD_SIZE)):
             config.parameters[key].string_value = str(value)
     return pb.ModelConfigResponse(config=config)

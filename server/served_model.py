@@ -1,14 +1,19 @@
-"""What the KServe v2 service and the Management service share: the served model's name, its
-engine once loaded, and the running requests by the id their clients gave them."""
+"""What the gRPC services share: the served model's name, its engine once loaded, the requests
+in flight (by the id their clients gave them), their metrics, and the graceful stop."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
-from engine.errors import EngineDead, NotFound
+from engine.core import EngineStats
+from engine.errors import EngineDead, EngineError, NotFound
+from engine.params import GenerationRequest
 from engine.protocol import EngineClient
+from engine.request import RequestOutput
+from server.metrics import ServerMetrics
 from server.model_info import MODEL_VERSION
 
 
@@ -16,11 +21,17 @@ class ServedModel:
     def __init__(self, model_name: str) -> None:
         self.model_name = model_name
         self.engine: EngineClient | None = None
+        self.metrics = ServerMetrics(model_name, self._stats)
+        self.stopping = False
         self._request_ids_by_client_id: defaultdict[str, set[str]] = defaultdict(set)
+        self._in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
 
     @property
     def is_ready(self) -> bool:
-        return self.engine is not None and self.engine.is_healthy
+        """Loaded, healthy, and taking new requests."""
+        return self.engine is not None and self.engine.is_healthy and not self.stopping
 
     def ready_engine(self) -> EngineClient:
         if self.engine is None or not self.engine.is_healthy:
@@ -33,21 +44,58 @@ class ServedModel:
         if version not in ("", MODEL_VERSION):
             raise NotFound(f"model {name!r} has no version {version!r}; available: {MODEL_VERSION}")
 
+    async def generate(self, spec: GenerationRequest, client_id: str
+                       ) -> AsyncIterator[RequestOutput]:
+        """The engine's events for a request: refused once a graceful stop has begun, counted
+        in flight until it ends, findable by its client's id meanwhile, and measured."""
+        engine = self.ready_engine()
+        if self.stopping:
+            raise EngineDead("the server is stopping: it takes no new requests")
+        recorder = self.metrics.start_request()
+        with self._running(client_id, spec.request_id):
+            try:
+                async with contextlib.aclosing(engine.generate(spec)) as events:
+                    async for event in events:
+                        recorder.event(event)
+                        yield event
+                recorder.finished()
+            except EngineError as error:
+                recorder.failed(error)
+                raise
+            finally:
+                recorder.close()
+
+    def begin_stop(self) -> bool:
+        """Refuse new requests from now on; False if a stop had already begun."""
+        begun, self.stopping = not self.stopping, True
+        return begun
+
+    async def drained(self) -> None:
+        """Return once no request is in flight."""
+        await self._idle.wait()
+
     @contextlib.contextmanager
-    def running(self, client_id: str, request_id: str) -> Iterator[None]:
-        """Register a running request under its client's id (MindIE's stopInfer names requests
-        by it); several requests may share one client id."""
-        if not client_id:
-            yield
-            return
-        self._request_ids_by_client_id[client_id].add(request_id)
+    def _running(self, client_id: str, request_id: str) -> Iterator[None]:
+        """Count a request in flight, and register it under its client's id (MindIE's
+        stopInfer names requests by it; several requests may share one client id)."""
+        self._in_flight += 1
+        self._idle.clear()
+        if client_id:
+            self._request_ids_by_client_id[client_id].add(request_id)
         try:
             yield
         finally:
-            request_ids = self._request_ids_by_client_id[client_id]
-            request_ids.discard(request_id)
-            if not request_ids:
-                del self._request_ids_by_client_id[client_id]
+            self._in_flight -= 1
+            if not self._in_flight:
+                self._idle.set()
+            if client_id:
+                request_ids = self._request_ids_by_client_id[client_id]
+                request_ids.discard(request_id)
+                if not request_ids:
+                    del self._request_ids_by_client_id[client_id]
 
     def request_ids(self, client_id: str) -> frozenset[str]:
         return frozenset(self._request_ids_by_client_id.get(client_id, ()))
+
+    def _stats(self) -> EngineStats | None:
+        return self.engine.stats() if self.engine is not None else None

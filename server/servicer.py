@@ -18,7 +18,6 @@ from typing import TypeVar
 import grpc
 
 from engine.errors import EngineError, GenerationFailed
-from engine.params import GenerationRequest
 from engine.request import RequestOutput
 from proto import grpc_service_pb2 as pb
 from proto import grpc_service_pb2_grpc as pb_grpc
@@ -91,8 +90,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelConfig(self, request: pb.ModelConfigRequest, context: grpc.aio.ServicerContext
                           ) -> pb.ModelConfigResponse:
         self.served.check_model(request.name, request.version)
-        return model_info.model_config(self.served.model_name,
-                                       self.served.engine and self.served.engine.limits)
+        return model_info.model_config(self.served.model_name, self.served.engine)
 
     @engine_errors
     async def ModelInfer(self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
@@ -158,12 +156,4 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         spec = codec.build_engine_request(call, request_id, engine.encode, engine.limits)
         logger.info("request %s (client id %r): %d prompt tokens, %s", request_id, call.client_id,
                     len(spec.prompt_token_ids), call.kind.name.lower())
-        return call, self._generate(call.client_id, spec)
-
-    async def _generate(self, client_id: str, spec: GenerationRequest
-                        ) -> AsyncIterator[RequestOutput]:
-        """The engine's events, with the request findable by its client id meanwhile."""
-        with self.served.running(client_id, spec.request_id):
-            async with contextlib.aclosing(self.served.ready_engine().generate(spec)) as events:
-                async for event in events:
-                    yield event
+        return call, self.served.generate(spec, call.client_id)
