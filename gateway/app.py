@@ -1,8 +1,9 @@
 """The route tables of the three planes and the servers that serve them.
 
 Planes as in MindIE: business (inference and model routes of every protocol, plus Triton's
-`/v2/health/*` so that tritonclient.http works against one URL), management (health, slot count) and metrics
-(`/metrics`). Planes configured on the same host and port are served by one server.
+`/v2/health/*` so that tritonclient.http works against one URL), management (probes, slot
+count, graceful stop, config, status, JSON metrics) and metrics (Prometheus' `/metrics`).
+Planes configured on the same host and port are served by one server.
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ import tornado.netutil
 import tornado.web
 
 from gateway import generation_handlers as generation
+from gateway import management_handlers as management
 from gateway import triton_handlers as triton
 from gateway.config import GatewayConfig, Plane
-from gateway.handler import Handler, NotFoundHandler
-from gateway.metrics import MetricsHandler, record
+from gateway.handler import Handler, NotFoundHandler, Services
+from gateway.lifecycle import Lifecycle
+from gateway.metrics import GatewayMetrics
 from gateway.upstream import Upstream
 
 logger = logging.getLogger(__name__)
@@ -57,34 +60,41 @@ ROUTES: dict[Plane, list[tuple[str, type[tornado.web.RequestHandler], str]]] = {
     Plane.MANAGEMENT: [
         *HEALTH_ROUTES,
         (r"/v2/models/(?P<model>[\w\-.]+)/getSlotCount", triton.SlotCountHandler, "slot_count"),
+        (r"/health", generation.HealthHandler, "health"),
+        (r"/health/timed(?:-(?P<seconds>[^/]*))?", management.HealthTimedHandler, "health_timed"),
+        (r"/info", generation.InfoHandler, "tgi_info"),
+        (r"/stopService", management.StopServiceHandler, "stop_service"),
+        (r"/v1/config", management.ConfigHandler, "mindie_config"),
+        (r"/v1/status", management.StatusHandler, "mindie_status"),
+        (r"/v1/role/(?P<role>[^/]+)", management.RoleHandler, "mindie_role"),
+        (r"/metrics-json", management.MetricsJsonHandler, "metrics_json"),
     ],
     Plane.METRICS: [
-        (r"/metrics", MetricsHandler, "metrics"),
+        (r"/metrics", management.MetricsHandler, "metrics"),
     ],
 }
 
 
-def make_app(planes: list[Plane], upstream: Upstream, config: GatewayConfig
-             ) -> tornado.web.Application:
+def make_app(planes: list[Plane], services: Services) -> tornado.web.Application:
     """One application serving the routes of `planes` (several when they share a port)."""
-    collaborators = {"upstream": upstream, "max_body_bytes": config.max_body_bytes}
-    rules = []
-    for plane in planes:
-        for pattern, handler, route in ROUTES[plane]:
-            arguments = {**collaborators, "route": route} if issubclass(handler, Handler) else {}
-            rules.append(tornado.web.url(pattern, handler, arguments, name=f"{plane.value}:{route}"))
+    rules = [tornado.web.url(pattern, handler, {"services": services, "route": route},
+                             name=f"{plane.value}:{route}")
+             for plane in planes for pattern, handler, route in ROUTES[plane]]
     return tornado.web.Application(
         rules, default_handler_class=NotFoundHandler,
-        default_handler_args={**collaborators, "route": "unknown"},
-        log_function=record, plane="+".join(plane.value for plane in planes))
+        default_handler_args={"services": services, "route": "unknown"},
+        log_function=services.metrics.record, plane="+".join(plane.value for plane in planes))
 
 
 class Gateway:
-    """The planes' HTTP(S) servers and the upstream channel."""
+    """The planes' HTTP(S) servers, the upstream channel, and the graceful stop."""
 
     def __init__(self, config: GatewayConfig) -> None:
         self.config = config
-        self.upstream = Upstream(config.upstream)
+        self.lifecycle = Lifecycle()
+        self.services = Services(upstream=Upstream(config.upstream), lifecycle=self.lifecycle,
+                                 metrics=GatewayMetrics(lambda: self.lifecycle.in_flight),
+                                 max_body_bytes=config.max_body_bytes)
         self._servers: list[tornado.httpserver.HTTPServer] = []
         self.addresses: dict[Plane, str] = {}
 
@@ -92,7 +102,7 @@ class Gateway:
         for planes in self._groups():
             plane_config = self.config.plane(planes[0])
             server = tornado.httpserver.HTTPServer(
-                make_app(planes, self.upstream, self.config),
+                make_app(planes, self.services),
                 ssl_options=plane_config.ssl_context(),
                 max_body_size=self.config.max_body_bytes, idle_connection_timeout=300)
             sockets = tornado.netutil.bind_sockets(plane_config.port, plane_config.host)
@@ -108,7 +118,7 @@ class Gateway:
             server.stop()
         for server in self._servers:
             await server.close_all_connections()
-        await self.upstream.close()
+        await self.services.upstream.close()
 
     def _groups(self) -> list[list[Plane]]:
         """Planes sharing a host and a fixed port are served together."""
@@ -120,17 +130,28 @@ class Gateway:
 
 
 async def serve(config: GatewayConfig) -> None:
-    """Run until SIGINT or SIGTERM."""
-    stop = asyncio.Event()
+    """Run until SIGINT, SIGTERM or /stopService; a signal lets the inference requests in
+    flight finish first, and a second signal stops at once."""
+    gateway = Gateway(config)
+    lifecycle = gateway.lifecycle
+    signalled, forced = asyncio.Event(), asyncio.Event()
+
+    def on_signal() -> None:
+        (forced if signalled.is_set() else signalled).set()
+        lifecycle.begin_stop()
+        lifecycle.exit_requested.set()
+
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
-    gateway = Gateway(config)
+        loop.add_signal_handler(signum, on_signal)
     gateway.start()
     planes = ", ".join(f"{plane.value} on {address}" for plane, address in gateway.addresses.items())
     logger.info("gateway ready: %s; upstream %s", planes, config.upstream.target)
-    await stop.wait()
-    logger.info("stopping")
+    await lifecycle.exit_requested.wait()
+    logger.info("stopping: answering the requests in flight (signal again to stop at once)")
+    drained = asyncio.create_task(lifecycle.drained())
+    stop_now = asyncio.create_task(forced.wait())
+    await asyncio.wait({drained, stop_now}, return_when=asyncio.FIRST_COMPLETED)
+    for task in (drained, stop_now):
+        task.cancel()
     await gateway.stop()
-
-

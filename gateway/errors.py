@@ -20,7 +20,9 @@ KSERVE_HTTP_STATUS: dict[grpc.StatusCode, int] = {
     grpc.StatusCode.DEADLINE_EXCEEDED: 504,
     grpc.StatusCode.UNIMPLEMENTED: 501,
 }
-# Statuses whose server message is for operators, not clients.
+# Statuses whose server message is for operators, not clients, except messages that start
+# with one of PUBLIC_UNAVAILABLE.
+PUBLIC_UNAVAILABLE = ("the model is not ready", "the server is stopping")
 OPAQUE_STATUSES = {
     grpc.StatusCode.UNAVAILABLE: "the inference server is unavailable; retry later",
     grpc.StatusCode.INTERNAL: "internal error",
@@ -51,7 +53,7 @@ def http_status(code: grpc.StatusCode, table: dict[grpc.StatusCode, int]) -> int
 def client_message(code: grpc.StatusCode, details: str | None) -> str:
     """What a client reads: the server's message naming the field, or a generic one."""
     if code in OPAQUE_STATUSES and not (code is grpc.StatusCode.UNAVAILABLE and details
-                                        and details.startswith("the model is not ready")):
+                                        and details.startswith(PUBLIC_UNAVAILABLE)):
         return OPAQUE_STATUSES[code]
     if code is grpc.StatusCode.DEADLINE_EXCEEDED and not details:
         return "the request timed out"

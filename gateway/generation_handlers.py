@@ -27,6 +27,7 @@ class GenerationHandler(Handler):
     names → MindIE's)."""
 
     names: Mapping[str, str] = {}
+    runs_inference = True
 
     def generate(self, request: sb.GenerateRequest, deadline_s: float
                  ) -> grpc.aio.UnaryStreamCall:
@@ -76,7 +77,7 @@ class TgiHandler(GenerationHandler):
         """TGI's and vLLM's probe: 200 with an empty body when the model is ready, else 503."""
         response = await self.track(self.upstream.inference.ServerReady(
             pb.ServerReadyRequest(), timeout=METADATA_TIMEOUT_S))
-        if not response.ready:
+        if not response.ready or self.services.lifecycle.stopping:
             raise RequestError(503, "unhealthy")
         self.finish()
 
@@ -306,6 +307,8 @@ class MindIETokenHandler(MindIEHandler):
 
 
 class TokenizerHandler(MindIEHandler):
+    runs_inference = False
+
     async def post(self) -> None:
         request, decode = mindie.tokenize_request_to_pb(parse_json(self.body))
         response = await self.track(self.upstream.generation.Tokenize(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import AsyncIterable, Callable, Iterable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
@@ -14,6 +15,8 @@ from tornado.httputil import responses
 from tornado.iostream import StreamClosedError
 
 from gateway.errors import KSERVE_HTTP_STATUS, RequestError, client_message, http_status
+from gateway.lifecycle import Lifecycle
+from gateway.metrics import GatewayMetrics
 from gateway.sse import CONTENT_TYPE, sse_event
 from gateway.upstream import Upstream
 
@@ -23,26 +26,49 @@ Response = TypeVar("Response")
 METADATA_TIMEOUT_S = 10.0
 
 
+@dataclass(frozen=True, slots=True)
+class Services:
+    """What every handler of a gateway shares."""
+
+    upstream: Upstream
+    lifecycle: Lifecycle
+    metrics: GatewayMetrics
+    max_body_bytes: int
+
+
 @tornado.web.stream_request_body
 class Handler(tornado.web.RequestHandler):
     """Subclasses set `status_table` (gRPC status → HTTP status) and may override
-    `error_body` for their protocol's error shape (KServe v2's `{"error": message}` here)."""
+    `error_body` for their protocol's error shape (KServe v2's `{"error": message}` here).
+    Those whose POST runs a generation set `runs_inference`: during a graceful stop they answer
+    503, and the gateway waits for those in flight before it exits."""
 
     status_table = KSERVE_HTTP_STATUS
+    runs_inference = False
 
-    def initialize(self, upstream: Upstream, max_body_bytes: int, route: str) -> None:
-        self.upstream = upstream
-        self.max_body_bytes = max_body_bytes
+    def initialize(self, services: Services, route: str) -> None:
+        self.services = services
+        self.upstream = services.upstream
+        self.max_body_bytes = services.max_body_bytes
         self.route = route
         self._chunks: list[bytes] = []
         self._size = 0
         self._calls: set[grpc.aio.Call] = set()
+        self._in_flight = False
 
     def prepare(self) -> None:
         declared = self.request.headers.get("Content-Length", "0")
         if declared.isdigit() and int(declared) > self.max_body_bytes:
             raise RequestError(413, f"the body ({declared} bytes) is over the limit of "
                                f"{self.max_body_bytes} bytes")
+        if self.runs_inference and self.request.method == "POST":
+            self.services.lifecycle.enter()
+            self._in_flight = True
+
+    def on_finish(self) -> None:
+        if self._in_flight:
+            self._in_flight = False
+            self.services.lifecycle.leave()
 
     def data_received(self, chunk: bytes) -> None:
         self._size += len(chunk)

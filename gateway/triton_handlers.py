@@ -32,7 +32,8 @@ class ServerReadyHandler(ServerLiveHandler):
     async def get(self) -> None:
         response = await self.track(self.upstream.inference.ServerReady(
             pb.ServerReadyRequest(), timeout=METADATA_TIMEOUT_S))
-        self._answer(response.ready, "the model is not ready (still loading, or stopped)")
+        self._answer(response.ready and not self.services.lifecycle.stopping,
+                     "the model is not ready (still loading, or stopping)")
 
 
 class ModelReadyHandler(ServerLiveHandler):
@@ -64,6 +65,8 @@ class ModelConfigHandler(Handler):
 
 
 class InferHandler(Handler):
+    runs_inference = True
+
     async def post(self, model: str, version: str | None = None) -> None:
         document, binary = kserve.split_body(self.body,
                                              self.request.headers.get(kserve.HEADER_LENGTH))
@@ -81,6 +84,8 @@ class InferHandler(Handler):
 
 class GenerateHandler(Handler):
     """/generate: the stream's responses aggregated into one reply."""
+
+    runs_inference = True
 
     async def post(self, model: str, version: str | None = None) -> None:
         request, options = triton.generate_request_to_pb(model, version or "",

@@ -30,7 +30,8 @@ HTTP_STATUS = {
     grpc.StatusCode.PERMISSION_DENIED: 403,
 }
 ERROR_TYPES = {400: "Bad Request", 404: "NotFoundError", 422: "Input Validation Error",
-               424: "Generation Error", 500: "Incomplete Generation", 503: "Service Unavailable"}
+               424: "Generation Error", 500: "Incomplete Generation", 501: "Not Implemented",
+               503: "Service Unavailable"}
 NAMES = {"inputs": "prompt"}
 TOKEN_NAMES = {"input_id": "prompt"}
 MICROSECONDS_PER_MS = 1000

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from gateway.errors import bad_request
-from gateway.protocols.generation import (Generation, SequenceResult, generate_request,
+from gateway.protocols.generation import (Generation, generate_request,
                                           optional_bool, renamed)
 from gateway.protocols.kserve import optional_string, require_object
 from gateway.protocols.parameters import json_type

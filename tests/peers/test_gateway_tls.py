@@ -73,9 +73,10 @@ def test_gateway_refuses_an_upstream_not_signed_by_its_ca(misconfigured_gateway,
 
 @pytest.fixture(scope="module")
 def small_body_gateway(pki, grpc_server) -> Iterator:
-    """A gateway with a 1 KiB body limit and plain HTTP on its loopback metrics plane."""
+    """A gateway with a 1 KiB body limit, server-only TLS on its management plane and plain
+    HTTP on its loopback metrics plane."""
     gateway = start_gateway(pki.folder, grpc_server.address, "--max-body-bytes", "1024",
-                            "--metrics-tls", "none")
+                            "--management-tls", "server", "--metrics-tls", "none")
     yield gateway
     assert gateway.stop() == 0, gateway.log_text()
 
@@ -95,3 +96,12 @@ def test_a_plane_may_serve_plain_http_on_loopback(small_body_gateway, client_fil
     assert metrics.startswith("http://")
     result = curl(f"{metrics}/metrics", ca=client_files.ca)
     assert result.status == 200 and b"switchboard_http_requests_total" in result.body
+
+
+def test_a_probe_without_a_certificate_reaches_management_but_not_inference(
+        small_body_gateway, client_files) -> None:
+    """Kubernetes' probe on a server-TLS management plane; the business plane stays mutual."""
+    probe = curl(small_body_gateway.url("management") + "/health/timed-5", ca=client_files.ca)
+    assert (probe.status, probe.json()) == (200, {"status": "healthy"}), probe.stderr
+    assert_handshake_refused(curl(small_body_gateway.url("business") + "/infer", client_files.ca,
+                                  body={"inputs": "Hi", "parameters": {"max_new_tokens": 1}}))

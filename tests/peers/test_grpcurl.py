@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 GRPCURL = shutil.which("grpcurl", path=str(Path(sys.executable).parent)) or shutil.which("grpcurl")
 
@@ -49,6 +50,29 @@ def test_grpcurl_text_inference_with_typed_contents(grpc_server, client_files) -
     (length,) = struct.unpack_from("<I", raw)
     assert "Paris" in raw[4:4 + length].decode()
     assert response["parameters"]["generated_tokens"] == {"int64_param": "8"}
+
+
+def test_grpcurl_management_status_metrics_and_probe(grpc_server, client_files) -> None:
+    """GetStatus, GetMetrics and ProbeGeneration through reflection; the probe generates a
+    token but is not counted in the request metrics."""
+    def call(method: str) -> dict:
+        answered = grpcurl(grpc_server, client_files, "-emit-defaults",
+                           f"switchboard.v1.Management/{method}")
+        assert answered.returncode == 0, answered.stderr
+        return json.loads(answered.stdout)
+
+    def finished_requests() -> float:
+        (family,) = [family for family in text_string_to_metric_families(call("GetMetrics")["text"])
+                     if family.name == "vllm:e2e_request_latency_seconds"]
+        return next(sample.value for sample in family.samples if sample.name.endswith("_count"))
+
+    status = call("GetStatus")
+    assert (status["ready"], status["stopping"]) == (True, False)
+    assert int(status["max_running_requests"]) > 0 and int(status["block_size"]) > 0
+    assert 0 < int(status["free_blocks"]) <= int(status["total_blocks"])
+    before = finished_requests()
+    assert int(call("ProbeGeneration")["latency_us"]) > 0
+    assert finished_requests() == before
 
 
 def test_grpcurl_without_client_certificate_is_refused(grpc_server, client_files) -> None:

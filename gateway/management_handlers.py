@@ -1,0 +1,121 @@
+"""Routes of the management and metrics planes that MindIE adds to the Triton family: the deep
+health probe, the graceful stop, /v1/config, /v1/status, /v1/role, /metrics-json, and
+Prometheus' /metrics. Errors are in MindIE's envelope."""
+
+from __future__ import annotations
+
+import logging
+
+import grpc
+import prometheus_client
+
+from gateway.errors import RequestError, client_message
+from gateway.handler import METADATA_TIMEOUT_S, Handler
+from gateway.protocols import mindie, mindie_management
+from proto import grpc_service_pb2 as pb
+from proto import switchboard_pb2 as sb
+
+logger = logging.getLogger(__name__)
+
+
+class ManagementHandler(Handler):
+    status_table = mindie.HTTP_STATUS
+
+    def error_body(self, status: int, message: str) -> object:
+        return mindie.error_body(status, message)
+
+    async def status(self) -> sb.GetStatusResponse:
+        return await self.track(self.upstream.management.GetStatus(
+            sb.GetStatusRequest(), timeout=METADATA_TIMEOUT_S))
+
+
+class HealthTimedHandler(ManagementHandler):
+    """/health/timed[-N]: one real token generated through the gateway, the gRPC server and the
+    engine within N seconds (10 by default): 200 `{"status": "healthy"}`, else 500."""
+
+    async def get(self, seconds: str | None = None) -> None:
+        limit_s = mindie_management.health_timeout(seconds)
+        try:
+            await self.track(self.upstream.management.ProbeGeneration(
+                sb.ProbeGenerationRequest(), timeout=limit_s))
+        except grpc.aio.AioRpcError as error:
+            if error.code() is grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise RequestError(500, f"the probe generation did not finish within {limit_s} s")
+            raise RequestError(500, "the probe generation failed: "
+                               + client_message(error.code(), error.details()))
+        self.write_json({"status": "healthy"})
+
+
+class StopServiceHandler(ManagementHandler):
+    """/stopService: new inference requests get 503 from now on; the answer (200, no body) comes
+    once every request in flight has been answered, then the gateway and the server exit. A
+    second call during the stop gets 500, as MindIE's."""
+
+    exit_when_answered = False
+
+    async def get(self) -> None:
+        if not self.services.lifecycle.begin_stop():
+            raise RequestError(500, "a graceful stop is already under way")
+        logger.info("graceful stop requested: finishing the requests in flight")
+        self.exit_when_answered = True
+        try:  # not tracked: the stop goes on if the caller leaves
+            await self.upstream.management.StopService(sb.StopServiceRequest())
+        finally:
+            await self.services.lifecycle.drained()
+
+    def on_finish(self) -> None:
+        super().on_finish()
+        if self.exit_when_answered:
+            self.services.lifecycle.exit_requested.set()
+
+
+class ConfigHandler(ManagementHandler):
+    async def get(self) -> None:
+        index = await self.track(self.upstream.inference.RepositoryIndex(
+            pb.RepositoryIndexRequest(), timeout=METADATA_TIMEOUT_S))
+        if not index.models:
+            raise RequestError(503, "no model is served")
+        name = index.models[0].name
+        response = await self.track(self.upstream.inference.ModelConfig(
+            pb.ModelConfigRequest(name=name), timeout=METADATA_TIMEOUT_S))
+        parameters = {key: value.string_value
+                      for key, value in response.config.parameters.items()}
+        self.write_json(mindie_management.config_json(name, parameters))
+
+
+class StatusHandler(ManagementHandler):
+    async def get(self) -> None:
+        self.write_json(mindie_management.status_json(await self.status()))
+
+
+class MetricsJsonHandler(ManagementHandler):
+    async def get(self) -> None:
+        host, port = self.request.connection.stream.socket.getsockname()[:2]
+        instance = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        self.write_json(mindie_management.metrics_json(await self.status(), instance))
+
+
+class RoleHandler(ManagementHandler):
+    async def post(self, role: str) -> None:
+        raise RequestError(501, f"assigning the role {role!r} needs prefill/decode "
+                           "disaggregation, which this server does not implement yet")
+
+
+class MetricsHandler(Handler):
+    """Prometheus' /metrics: the gateway's metrics, then the gRPC server's (while it answers)."""
+
+    async def get(self) -> None:
+        metrics = self.services.metrics
+        try:
+            server = await self.track(self.upstream.management.GetMetrics(
+                sb.GetMetricsRequest(), timeout=METADATA_TIMEOUT_S))
+        except grpc.aio.AioRpcError as error:
+            logger.warning("/metrics: the server's metrics are missing: %s %s",
+                           error.code().name, error.details())
+            metrics.upstream_up.set(0)
+            server_text = ""
+        else:
+            metrics.upstream_up.set(1)
+            server_text = server.text
+        self.set_header("Content-Type", prometheus_client.CONTENT_TYPE_LATEST)
+        self.finish(metrics.exposition() + server_text)
