@@ -22,7 +22,7 @@ from gateway.config import (DEFAULT_BUSINESS_PORT, DEFAULT_HTTP_HOST, DEFAULT_MA
                             GatewayConfig, Plane, PlaneConfig, TLSMode, UpstreamConfig)
 from server.config import (DEFAULT_GRPC_HOST, DEFAULT_GRPC_PORT, DEFAULT_MODEL_NAME, ConfigError,
                            ServerConfig, read_config_file, tls_files_from_settings)
-from server.process import ChildProcess, GatewayProcess, ServerProcess
+from server.process import STOP_TIMEOUT_S, ChildProcess, GatewayProcess, ServerProcess
 from tls import TLSConfigError, TLSFiles, dev_files
 
 logger = logging.getLogger("switchboard")
@@ -191,7 +191,9 @@ def _server_tls(args: argparse.Namespace, settings: dict[str, object]) -> TLSFil
 
 
 def _run(args: argparse.Namespace) -> int:
-    """The server and the gateway as child processes; SIGINT or SIGTERM stops both."""
+    """The server and the gateway as child processes. SIGINT or SIGTERM is passed on to both:
+    they finish the requests in flight and exit; a second signal stops them at once. When one
+    exits by itself with status 0 (/stopService), so does the other, and so does `run`."""
     shared = [*(["--config", str(args.config)] if args.config else []),
               *(["--tls-dir", str(args.tls_dir)] if args.tls_dir else []),
               *(["--insecure"] if args.insecure else [])]
@@ -199,15 +201,17 @@ def _run(args: argparse.Namespace) -> int:
                      if value is not None and name.startswith(("http_", "management_", "metrics_",
                                                                "business_", "max_body"))]
     done = threading.Event()  # a signal came, or a child exited
-    signals: list[int] = []
+    signalled = threading.Event()
+    children: list[ChildProcess] = []
 
     def on_signal(signum: int, _frame: object) -> None:
-        signals.append(signum)
+        signalled.set()
+        for child in children:
+            child.terminate()
         done.set()
 
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, on_signal)
-    children: list[ChildProcess] = []
     try:
         server = ServerProcess(*shared, echo=True, on_exit=done.set)
         children.append(server)
@@ -217,10 +221,14 @@ def _run(args: argparse.Namespace) -> int:
         children.append(gateway)
         gateway.wait_ready()
         done.wait()
-        if not signals:
-            logger.error("a child process exited; stopping")
-            return 1
-        return 0
+        if signalled.is_set():
+            statuses = [child.stop(timeout_s=None) for child in children]
+            return 0 if statuses == [0] * len(children) else 1
+        statuses = [child.wait_exit(STOP_TIMEOUT_S) for child in children]
+        if statuses == [0] * len(children):
+            return 0
+        logger.error("a child process exited (statuses %s); stopping", statuses)
+        return 1
     except RuntimeError as error:
         logger.error("%s", error)
         return 1

@@ -33,10 +33,14 @@ class ChildProcess:
                  on_exit: Callable[[], None] | None = None) -> None:
         """args: the `switchboard` command line after the program name; on_exit is called (from
         another thread) when the process's output ends, i.e. when it exits."""
+        # A process group of its own: a terminal's Ctrl-C reaches the parent only, which
+        # decides what the child gets (a second signal stops it without draining).
         self.process = subprocess.Popen(
             [sys.executable, "-m", "server", *args],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            process_group=0,
         )
+        self._terminated = False
         self.log: collections.deque[str] = collections.deque(maxlen=LOG_LINES_KEPT)
         self.ready_match: re.Match[str] | None = None
         self._ready_pattern = ready
@@ -52,15 +56,29 @@ class ChildProcess:
             raise RuntimeError(f"{self.process.args[3]} did not become ready:\n{self.log_text()}")
         return self.ready_match
 
-    def stop(self) -> int:
-        """SIGTERM (a graceful stop), then SIGKILL if it lingers; returns the exit status."""
+    def terminate(self) -> None:
+        """SIGTERM: the first lets the requests in flight finish, a second stops at once."""
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
+            self._terminated = True
+
+    def stop(self, timeout_s: float | None = STOP_TIMEOUT_S) -> int:
+        """SIGTERM unless sent already, then SIGKILL if it outlives `timeout_s` (None: wait as
+        long as it takes); returns the exit status."""
+        if not self._terminated:
+            self.terminate()
         try:
-            return self.process.wait(STOP_TIMEOUT_S)
+            return self.process.wait(timeout_s)
         except subprocess.TimeoutExpired:
             self.process.kill()
             return self.process.wait()
+
+    def wait_exit(self, timeout_s: float) -> int | None:
+        """The exit status once it exits by itself within `timeout_s`, else None."""
+        try:
+            return self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            return None
 
     def log_text(self) -> str:
         return "\n".join(self.log)

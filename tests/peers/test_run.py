@@ -1,5 +1,5 @@
-"""`switchboard run` (what `make run` calls) starts the server and the gateway, and Ctrl-C
-stops both cleanly."""
+"""`switchboard run` (what `make run` calls) starts the server and the gateway; Ctrl-C, or
+/stopService on the management plane, stops both cleanly."""
 
 from __future__ import annotations
 
@@ -7,11 +7,19 @@ import re
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from gateway_clients import MODEL, curl_with
 
+READY = re.compile(r"gateway ready: business on (?P<business>\S+), management on "
+                   r"(?P<management>\S+),")
 
-def test_run_serves_through_the_gateway_and_ctrl_c_stops_both(pki, client_files) -> None:
+
+@contextmanager
+def switchboard_run(pki) -> Iterator[tuple[subprocess.Popen, re.Match, list[str]]]:
+    """`switchboard run` in a session of its own (as a terminal's foreground job), its ready
+    line, and its two children's pids."""
     run = subprocess.Popen(
         [sys.executable, "-m", "server", "run", "--tls-dir", str(pki.folder), "--http-port", "0",
          "--management-port", "0", "--metrics-port", "0"],
@@ -20,22 +28,38 @@ def test_run_serves_through_the_gateway_and_ctrl_c_stops_both(pki, client_files)
         log = []
         for line in run.stdout:
             log.append(line)
-            ready = re.search(r"gateway ready: business on (\S+),", line)
+            ready = READY.search(line)
             if ready:
                 break
         assert ready, "".join(log)
-        reply = curl_with(client_files, f"{ready[1]}/v2/models/{MODEL}/generate",
-                          body={"text_input": "The capital of France is",
-                                "parameters": {"max_new_tokens": 3, "do_sample": False}})
-        assert reply.status == 200 and "Paris" in reply.json()["text_output"], reply.body
         children = subprocess.run(["pgrep", "-P", str(run.pid)], capture_output=True, text=True)
         child_pids = children.stdout.split()
         assert len(child_pids) == 2, children.stdout
-        run.send_signal(signal.SIGINT)  # what Ctrl-C sends to the foreground process
-        assert run.wait(60) == 0, run.stdout.read()
-        still_alive = subprocess.run(["ps", "-o", "pid=", "-p", ",".join(child_pids)],
-                                     capture_output=True, text=True)
-        assert still_alive.stdout.strip() == "", "a child outlived `switchboard run`"
+        yield run, ready, child_pids
     finally:
         if run.poll() is None:
             run.kill()
+
+
+def assert_all_exited(run: subprocess.Popen, child_pids: list[str]) -> None:
+    assert run.wait(60) == 0, run.stdout.read()
+    still_alive = subprocess.run(["ps", "-o", "pid=", "-p", ",".join(child_pids)],
+                                 capture_output=True, text=True)
+    assert still_alive.stdout.strip() == "", "a child outlived `switchboard run`"
+
+
+def test_run_serves_through_the_gateway_and_ctrl_c_stops_both(pki, client_files) -> None:
+    with switchboard_run(pki) as (run, ready, child_pids):
+        reply = curl_with(client_files, f"{ready['business']}/v2/models/{MODEL}/generate",
+                          body={"text_input": "The capital of France is",
+                                "parameters": {"max_new_tokens": 3, "do_sample": False}})
+        assert reply.status == 200 and "Paris" in reply.json()["text_output"], reply.body
+        run.send_signal(signal.SIGINT)  # what Ctrl-C sends to the foreground process
+        assert_all_exited(run, child_pids)
+
+
+def test_stop_service_ends_run_with_status_0(pki, client_files) -> None:
+    with switchboard_run(pki) as (run, ready, child_pids):
+        reply = curl_with(client_files, f"{ready['management']}/stopService")
+        assert reply.status == 200, reply.body
+        assert_all_exited(run, child_pids)

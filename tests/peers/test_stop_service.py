@@ -1,0 +1,175 @@
+"""The graceful stop, end to end: MindIE's /stopService on the management plane, and SIGTERM.
+Streams in flight finish in full, new inference requests get 503, and both processes exit 0.
+
+Each test stops its own server and gateway; streams are read on threads of their own.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+
+import pytest
+from conftest import start_gateway
+from gateway_clients import (MODEL, REQUEST_TIMEOUT_S, connect, curl_with, fetch, long_generation,
+                             open_stream, poll, request, unique_id)
+
+from server.process import GatewayProcess, ServerProcess
+
+TOKENS = 80  # long enough to outlast the checks made during the drain
+EXIT_TIMEOUT_S = 20  # from the end of the drain
+PROMPTS = ("Write a long story about a dragon.", "Describe the sea in detail.")
+# A new request of each protocol family during the drain, and its error body's keys.
+REFUSED = (
+    ("/infer", {"inputs": "Hi", "parameters": {"max_new_tokens": 2}}, {"error", "error_type"}),
+    ("/generate_stream", {"inputs": "Hi", "parameters": {"max_new_tokens": 2}},
+     {"error", "error_type"}),
+    (f"/v2/models/{MODEL}/generate", {"text_input": "Hi", "parameters": {"max_new_tokens": 2}},
+     {"error"}),
+)
+
+
+@pytest.fixture
+def service(pki) -> Iterator[tuple[ServerProcess, GatewayProcess]]:
+    """A server and a gateway of this test's own (the test stops them)."""
+    server = ServerProcess("--tls-dir", str(pki.folder))
+    server.wait_ready()
+    try:
+        gateway = start_gateway(pki.folder, server.address)
+        try:
+            yield server, gateway
+        finally:
+            gateway.stop()
+    finally:
+        server.stop()
+
+
+def in_thread(function: Callable[[], object]) -> Future:
+    """Run `function` on a daemon thread; the Future holds its result or its exception."""
+    future: Future = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(function())
+        except BaseException as error:  # handed to the test by future.result()
+            future.set_exception(error)
+
+    threading.Thread(target=run, daemon=True).start()
+    return future
+
+
+class InferStream:
+    """A streamed POST /infer of TOKENS tokens, read on a thread: its events, an Event set by
+    the first, and when the last one (with generated_text) arrived."""
+
+    def __init__(self, gateway: GatewayProcess, client_files, prompt: str) -> None:
+        self.events: list[dict] = []
+        self.first_event = threading.Event()
+        self.last_event_at = math.inf
+        self.body = {"inputs": prompt, "stream": True, "parameters": {
+            "max_new_tokens": TOKENS, "ignore_eos": True, "do_sample": False, "details": True}}
+        self.done = in_thread(lambda: self._read(gateway.url("business"), client_files))
+
+    def _read(self, url: str, client_files) -> None:
+        connection = connect(url, client_files)
+        try:
+            connection.request("POST", "/infer", json.dumps(self.body),
+                               {"Content-Type": "application/json"})
+            response = connection.getresponse()
+            assert response.status == 200, response.read()
+            for line in response:
+                if line.startswith(b"data:"):
+                    event = json.loads(line[len(b"data:"):])
+                    if event.get("generated_text") is not None:
+                        self.last_event_at = time.monotonic()
+                    self.events.append(event)
+                    self.first_event.set()
+        finally:
+            connection.close()
+            self.first_event.set()  # wake the test up on a failure too
+
+    def assert_complete(self) -> None:
+        self.done.result(timeout=REQUEST_TIMEOUT_S)
+        *tokens, last = self.events
+        assert all(event.get("generated_text") is None for event in tokens)
+        assert last["details"]["finish_reason"] == "length"
+        assert last["details"]["generated_tokens"] == len(self.events) == TOKENS
+        assert last["generated_text"] == "".join(event["token"]["text"] for event in self.events)
+
+
+def wait_until_stopping(gateway: GatewayProcess, client_files) -> None:
+    """The stop has begun once the management plane's readiness probe answers 503."""
+    status, _ = poll(lambda: fetch(gateway.url("management"), client_files, "/v2/health/ready")[0],
+                     lambda status: status != 200, deadline_s=30)
+    assert status == 503
+
+
+def assert_exits_cleanly(*processes) -> None:
+    for process in processes:
+        assert process.wait_exit(EXIT_TIMEOUT_S) == 0, process.log_text()
+
+
+def test_stop_service_drains_the_streams_then_both_processes_exit(service, client_files) -> None:
+    server, gateway = service
+    management = gateway.url("management")
+    streams = [InferStream(gateway, client_files, prompt) for prompt in PROMPTS]
+    for stream in streams:
+        assert stream.first_event.wait(REQUEST_TIMEOUT_S) and stream.events, stream.done
+    stop = in_thread(lambda: (*fetch(management, client_files, "/stopService"), time.monotonic()))
+    wait_until_stopping(gateway, client_files)
+
+    for path, body, keys in REFUSED:
+        status, document = request(gateway.url("business"), client_files, path, body)
+        assert status == 503 and set(document) == keys, (path, status, document)
+        if path == "/infer":
+            assert document["error_type"] == "Service Unavailable"
+    again = request(management, client_files, "/stopService")
+    assert again[0] == 500 and set(again[1]) == {"error", "error_type"}, again
+    assert request(management, client_files, "/health/timed-5") == (200, {"status": "healthy"})
+    assert not any(stream.done.done() for stream in streams), "the drain ended too early to test"
+
+    status, body, answered_at = stop.result(timeout=REQUEST_TIMEOUT_S)
+    assert (status, body) == (200, b"")
+    for stream in streams:
+        stream.assert_complete()
+        assert stream.last_event_at < answered_at
+    assert_exits_cleanly(gateway, server)
+
+
+def test_stop_service_goes_through_when_its_caller_gives_up(service, client_files) -> None:
+    server, gateway = service
+    stream = InferStream(gateway, client_files, PROMPTS[0])
+    assert stream.first_event.wait(REQUEST_TIMEOUT_S) and stream.events, stream.done
+    caller = connect(gateway.url("management"), client_files)
+    caller.request("GET", "/stopService")
+    wait_until_stopping(gateway, client_files)
+    caller.close()  # an operator's client timing out
+    stream.assert_complete()
+    assert_exits_cleanly(gateway, server)
+
+
+def test_sigterm_finishes_the_stream_in_flight_then_both_processes_exit(service,
+                                                                       client_files) -> None:
+    server, gateway = service
+    body = long_generation(unique_id("sigterm"))
+    body["parameters"] |= {"max_new_tokens": TOKENS, "details": True}
+    with open_stream(gateway.url("business"), client_files, body) as stream:
+        events = stream.events()
+        first = next(events)
+        gateway.terminate()
+        server.terminate()
+        wait_until_stopping(gateway, client_files)
+        refused = curl_with(client_files, gateway.url("business") + "/infer",
+                            body={"inputs": "Hi", "parameters": {"max_new_tokens": 2}})
+        assert refused.status == 503 or (refused.status is None and refused.exit_code == 7), \
+            refused
+        rest = list(events)
+    assert rest and all("error" not in event for event in rest), rest[-1:]
+    assert rest[-1]["details"]["finish_reason"] == "length"
+    assert rest[-1]["details"]["generated_tokens"] == 1 + len(rest) == TOKENS
+    assert all("finish_reason" not in event["details"] for event in [first, *rest[:-1]])
+    assert_exits_cleanly(gateway, server)
