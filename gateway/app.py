@@ -13,15 +13,15 @@ import logging
 import signal
 from collections import defaultdict
 
-import tornado.httpserver
 import tornado.netutil
 import tornado.web
 
 from gateway import generation_handlers as generation
 from gateway import management_handlers as management
 from gateway import triton_handlers as triton
-from gateway.config import GatewayConfig, Plane
+from gateway.config import GatewayConfig, Plane, PlaneConfig
 from gateway.handler import Handler, NotFoundHandler, Services
+from gateway.http_server import BoundedHTTPServer
 from gateway.lifecycle import Lifecycle
 from gateway.metrics import GatewayMetrics
 from gateway.upstream import Upstream
@@ -95,28 +95,48 @@ class Gateway:
         self.services = Services(upstream=Upstream(config.upstream), lifecycle=self.lifecycle,
                                  metrics=GatewayMetrics(lambda: self.lifecycle.in_flight),
                                  max_body_bytes=config.max_body_bytes)
-        self._servers: list[tornado.httpserver.HTTPServer] = []
+        self._servers: list[tuple[BoundedHTTPServer, PlaneConfig]] = []
         self.addresses: dict[Plane, str] = {}
 
     def start(self) -> None:
         for planes in self._groups():
             plane_config = self.config.plane(planes[0])
-            server = tornado.httpserver.HTTPServer(
-                make_app(planes, self.services),
-                ssl_options=plane_config.ssl_context(),
-                max_body_size=self.config.max_body_bytes, idle_connection_timeout=300)
+            server = BoundedHTTPServer(
+                make_app(planes, self.services), ssl_options=plane_config.ssl_context(),
+                max_body_size=self.config.max_body_bytes,
+                max_header_size=self.config.max_header_bytes,
+                idle_connection_timeout=self.config.client_timeout_s,
+                body_timeout=self.config.client_timeout_s,
+                max_connections=self.config.max_connections,
+                refusal_timeout_s=self.config.client_timeout_s)
             sockets = tornado.netutil.bind_sockets(plane_config.port, plane_config.host)
             server.add_sockets(sockets)
-            self._servers.append(server)
+            self._servers.append((server, plane_config))
             port = sockets[0].getsockname()[1]
             for plane in planes:
                 host = f"[{plane_config.host}]" if ":" in plane_config.host else plane_config.host
                 self.addresses[plane] = f"{plane_config.scheme}://{host}:{port}"
 
+    def reload_tls(self) -> None:
+        """SIGHUP: read the TLS files again (certificate rotation). New connections, and new
+        upstream calls, use them; connections and streams in flight carry on."""
+        try:
+            contexts = [plane.ssl_context() for _, plane in self._servers]
+            if self.config.upstream.tls is not None:
+                self.config.upstream.tls.load()
+        except (OSError, ValueError) as error:  # ssl.SSLError and TLSConfigError among them
+            logger.error("TLS files not reloaded, the current ones stay in use: %s", error)
+            return
+        for (server, _), context in zip(self._servers, contexts):
+            server.ssl_options = context
+        if self.config.upstream.tls is not None:
+            self.services.upstream.reload()
+        logger.info("TLS files reloaded: new connections use them")
+
     async def stop(self) -> None:
-        for server in self._servers:
+        for server, _ in self._servers:
             server.stop()
-        for server in self._servers:
+        for server, _ in self._servers:
             await server.close_all_connections()
         await self.services.upstream.close()
 
@@ -144,6 +164,7 @@ async def serve(config: GatewayConfig) -> None:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, on_signal)
+    loop.add_signal_handler(signal.SIGHUP, gateway.reload_tls)
     gateway.start()
     planes = ", ".join(f"{plane.value} on {address}" for plane, address in gateway.addresses.items())
     logger.info("gateway ready: %s; upstream %s", planes, config.upstream.target)

@@ -18,6 +18,9 @@ DEFAULT_MANAGEMENT_PORT = 1026
 DEFAULT_METRICS_PORT = 1027
 DEFAULT_UPSTREAM = "127.0.0.1:8001"
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
+DEFAULT_MAX_CONNECTIONS = 1000  # MindIE's maxLinkNum default
+DEFAULT_CLIENT_TIMEOUT_S = 60.0
+DEFAULT_MAX_HEADER_BYTES = 64 * 1024
 
 
 class Plane(enum.Enum):
@@ -60,15 +63,20 @@ class PlaneConfig:
         return "http" if self.tls_mode is TLSMode.NONE else "https"
 
     def ssl_context(self) -> ssl.SSLContext | None:
-        """TLS 1.2 at least; a client certificate required in mutual mode."""
+        """TLS 1.2 at least; a client certificate required in mutual mode, refused when the
+        CRL lists it. Reads the files each time (certificate rotation builds a new one)."""
         if self.tls_mode is TLSMode.NONE:
             return None
         assert self.tls is not None
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=str(self.tls.ca_file))
         context.minimum_version = ssl.TLSVersion.TLSv1_2
-        context.load_cert_chain(str(self.tls.cert_file), str(self.tls.key_file))
+        context.load_cert_chain(str(self.tls.cert_file), str(self.tls.key_file),
+                                password=self.tls.key_password)
         context.verify_mode = (ssl.CERT_REQUIRED if self.tls_mode is TLSMode.MUTUAL
                                else ssl.CERT_NONE)
+        if self.tls.crl_file is not None:
+            context.load_verify_locations(cafile=str(self.tls.crl_file))
+            context.verify_flags |= ssl.VERIFY_CRL_CHECK_LEAF
         return context
 
 
@@ -90,9 +98,16 @@ class UpstreamConfig:
 
 @dataclass(frozen=True, slots=True)
 class GatewayConfig:
+    """Limits per plane's server: `max_connections` open at once; `client_timeout_s` for a
+    request's headers (and a TLS handshake) to arrive, for its body, and for an idle
+    keep-alive connection; `max_header_bytes` for its headers."""
+
     planes: tuple[PlaneConfig, ...]
     upstream: UpstreamConfig
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    client_timeout_s: float = DEFAULT_CLIENT_TIMEOUT_S
+    max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
 
     def __post_init__(self) -> None:
         if sorted(plane.plane.value for plane in self.planes) != sorted(p.value for p in Plane):
@@ -103,8 +118,10 @@ class GatewayConfig:
                         and (plane.tls_mode, plane.tls) != (other.tls_mode, other.tls):
                     raise ValueError(f"the {plane.plane.value} and {other.plane.value} planes share "
                                      f"{plane.host}:{plane.port} but not their TLS settings")
-        if self.max_body_bytes < 1:
-            raise ValueError(f"max_body_bytes must be positive; got {self.max_body_bytes}")
+        for name in ("max_body_bytes", "max_connections", "client_timeout_s", "max_header_bytes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+                raise ValueError(f"{name} must be positive; got {value!r}")
 
     def plane(self, plane: Plane) -> PlaneConfig:
         return next(config for config in self.planes if config.plane is plane)

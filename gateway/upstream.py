@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import grpc
 
 from gateway.config import UpstreamConfig
@@ -12,20 +14,44 @@ from proto import switchboard_pb2_grpc as sb_grpc
 # status maps to its HTTP status.
 STATUS_ERRORS = (("triton_grpc_error", "true"),)
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+# Reconnection attempts while the server is away: from 0.2 s apart, growing to 2 s at most
+# (gRPC's default grows to 120 s), so that the gateway serves again soon after it is back.
+RECONNECT_BACKOFF_MS = (200, 2000)
+# A request cannot outlive its timeout (at most an hour): by then a retired channel is idle.
+RETIRED_CHANNEL_GRACE_S = 3600.0
 
 
 class Upstream:
     def __init__(self, config: UpstreamConfig) -> None:
-        options = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                   ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
-        credentials = config.credentials()
+        self.config = config
         self.target = config.target
-        self.channel = (grpc.aio.secure_channel(config.target, credentials, options)
+        self._retiring: set[asyncio.Task[None]] = set()
+        self._connect()
+
+    def _connect(self) -> None:
+        options = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                   ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                   ("grpc.initial_reconnect_backoff_ms", RECONNECT_BACKOFF_MS[0]),
+                   ("grpc.min_reconnect_backoff_ms", RECONNECT_BACKOFF_MS[0]),
+                   ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MS[1])]
+        credentials = self.config.credentials()
+        self.channel = (grpc.aio.secure_channel(self.config.target, credentials, options)
                         if credentials is not None
-                        else grpc.aio.insecure_channel(config.target, options))
+                        else grpc.aio.insecure_channel(self.config.target, options))
         self.inference = pb_grpc.GRPCInferenceServiceStub(self.channel)
         self.management = sb_grpc.ManagementStub(self.channel)
         self.generation = sb_grpc.GenerationStub(self.channel)
 
+    def reload(self) -> None:
+        """Certificate rotation: new calls go over a new channel with the files read again;
+        the old channel closes once the calls on it have ended."""
+        retired = self.channel
+        self._connect()
+        task = asyncio.ensure_future(retired.close(grace=RETIRED_CHANNEL_GRACE_S))
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+
     async def close(self) -> None:
+        for task in self._retiring:
+            task.cancel()
         await self.channel.close()

@@ -22,6 +22,7 @@ from proto import grpc_service_pb2_grpc as pb_grpc
 from proto import switchboard_pb2 as sb
 from proto import switchboard_pb2_grpc as sb_grpc
 from server.config import ServerConfig
+from server.credentials import ReloadableCredentials, RevocationInterceptor
 from server.generation import GenerationServicer
 from server.management import ManagementServicer
 from server.served_model import ServedModel
@@ -43,13 +44,6 @@ def package_version() -> str:
         return "0+unknown"
 
 
-def server_credentials(config: ServerConfig) -> grpc.ServerCredentials:
-    material = config.tls.load()
-    return grpc.ssl_server_credentials([(material.key_pem, material.cert_pem)],
-                                       root_certificates=material.ca_pem,
-                                       require_client_auth=True)
-
-
 class Server:
     """The gRPC server and its engine. Starts listening before the model is loaded, so health
     checks answer NOT_SERVING (and ServerReady false) while it loads."""
@@ -59,7 +53,10 @@ class Server:
         self._config = config
         self._served = ServedModel(config.model_name)
         self._health = health_aio.HealthServicer()
-        self._grpc = grpc.aio.server()
+        self._credentials = None if config.tls is None else ReloadableCredentials(config.tls)
+        revocation = [] if config.tls is None or config.tls.crl_file is None else [
+            RevocationInterceptor(lambda: self._credentials.revoked_serial_numbers)]
+        self._grpc = grpc.aio.server(interceptors=revocation)
         self._engine: AsyncEngine | None = None
         self.port: int | None = None
         # Set by SIGTERM / SIGINT or by a StopService call that has drained the server.
@@ -83,7 +80,8 @@ class Server:
                            "port can use the model", address)
             self.port = self._grpc.add_insecure_port(address)
         else:
-            self.port = self._grpc.add_secure_port(address, server_credentials(self._config))
+            self.port = self._grpc.add_secure_port(address,
+                                                   self._credentials.server_credentials())
         await self._grpc.start()
         logger.info("gRPC listening on %s:%d; loading the model", self._config.grpc_host, self.port)
 
@@ -96,6 +94,11 @@ class Server:
         info = self._engine.info
         logger.info("model %s loaded from %s (%s, %s; max_seq_len %d)", self._config.model_name,
                     info.source, info.device, info.dtype, self._engine.limits.max_seq_len)
+
+    def reload_tls(self) -> None:
+        """SIGHUP: re-read the TLS files (certificate rotation); new connections use them."""
+        if self._credentials is not None:
+            self._credentials.reload()
 
     async def drain(self) -> None:
         """Graceful stop: refuse new requests (health NOT_SERVING), wait for those in flight."""
@@ -139,6 +142,7 @@ async def serve(engine_config: EngineConfig, config: ServerConfig) -> None:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, on_signal)
+    loop.add_signal_handler(signal.SIGHUP, server.reload_tls)
     await server.start()
     loading = asyncio.create_task(server.load())
     await _first_of(loading, server.exit_requested.wait())

@@ -17,20 +17,24 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from engine.config import DEVICES, DTYPES, EngineConfig
-from gateway.config import (DEFAULT_BUSINESS_PORT, DEFAULT_HTTP_HOST, DEFAULT_MANAGEMENT_PORT,
-                            DEFAULT_MAX_BODY_BYTES, DEFAULT_METRICS_PORT, DEFAULT_UPSTREAM,
+from gateway.config import (DEFAULT_BUSINESS_PORT, DEFAULT_CLIENT_TIMEOUT_S, DEFAULT_HTTP_HOST,
+                            DEFAULT_MANAGEMENT_PORT, DEFAULT_MAX_BODY_BYTES,
+                            DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_HEADER_BYTES,
+                            DEFAULT_METRICS_PORT, DEFAULT_UPSTREAM,
                             GatewayConfig, Plane, PlaneConfig, TLSMode, UpstreamConfig)
 from server.config import (DEFAULT_GRPC_HOST, DEFAULT_GRPC_PORT, DEFAULT_MODEL_NAME, ConfigError,
-                           ServerConfig, read_config_file, tls_files_from_settings)
+                           ServerConfig, crl_file_from_settings, read_config_file,
+                           tls_files_from_settings)
 from server.process import STOP_TIMEOUT_S, ChildProcess, GatewayProcess, ServerProcess
 from tls import TLSConfigError, TLSFiles, dev_files
 
 logger = logging.getLogger("switchboard")
 
 DEFAULT_TLS_DIR = Path("tls/dev")
+KEY_PASSWORD_ENV = "SWITCHBOARD_TLS_KEY_PASSWORD"
 ENGINE_SETTINGS = tuple(field.name for field in dataclasses.fields(EngineConfig))
 SERVER_FLAGS = frozenset({"model", "model_name", "device", "dtype", "grpc_host", "grpc_port",
-                          "cache_dir"})
+                          "cache_dir", "tls_crl"})
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -85,6 +89,12 @@ def _add_common_arguments(parser: argparse.ArgumentParser) -> None:
                              "names TLS files)")
     parser.add_argument("--insecure", action="store_true",
                         help="no TLS at all: plaintext gRPC, plain HTTP on loopback (logs a warning)")
+    parser.add_argument("--tls-crl", type=Path,
+                        help="a PEM CRL of the CA: client certificates it lists are refused "
+                             "(default: the config file's tlsCrlPath/tlsCrlFiles)")
+    parser.add_argument("--tls-key-password-file", type=Path,
+                        help=f"a file holding the password of encrypted private keys (else the "
+                             f"{KEY_PASSWORD_ENV} environment variable; never a flag)")
 
 
 def _add_gateway_arguments(parser: argparse.ArgumentParser, *, with_upstream: bool = True) -> None:
@@ -106,6 +116,16 @@ def _add_gateway_arguments(parser: argparse.ArgumentParser, *, with_upstream: bo
                                  "(no client certificate asked), none (plain HTTP, loopback only)")
     parser.add_argument("--max-body-bytes", type=int,
                         help=f"larger request bodies get 413 (default: {DEFAULT_MAX_BODY_BYTES})")
+    parser.add_argument("--max-connections", type=int,
+                        help="open connections per plane; one more gets 503 (default: the config "
+                             f"file's maxLinkNum, else {DEFAULT_MAX_CONNECTIONS})")
+    parser.add_argument("--client-timeout", type=float,
+                        help="seconds for a request's headers, for its body, and for an idle "
+                             f"connection; slower clients are cut off (default: "
+                             f"{DEFAULT_CLIENT_TIMEOUT_S:g})")
+    parser.add_argument("--max-header-bytes", type=int,
+                        help=f"larger request headers end the connection (default: "
+                             f"{DEFAULT_MAX_HEADER_BYTES})")
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -173,21 +193,42 @@ def gateway_config(args: argparse.Namespace) -> GatewayConfig:
     upstream = settings.get("upstream") or (
         f"{settings['grpc_host']}:{settings['grpc_port']}" if "grpc_port" in settings
         else DEFAULT_UPSTREAM)
-    client_files = None if insecure else dev_files(args.tls_dir or DEFAULT_TLS_DIR, "client")
+    client_files = None if insecure else dataclasses.replace(
+        dev_files(args.tls_dir or DEFAULT_TLS_DIR, "client"), key_password=_key_password(args))
     if client_files is not None:
         client_files.load()
     return GatewayConfig(planes=tuple(planes),
                          upstream=UpstreamConfig(target=upstream, tls=client_files),
-                         max_body_bytes=settings.get("max_body_bytes", DEFAULT_MAX_BODY_BYTES))
+                         max_body_bytes=settings.get("max_body_bytes", DEFAULT_MAX_BODY_BYTES),
+                         max_connections=settings.get("max_connections", DEFAULT_MAX_CONNECTIONS),
+                         client_timeout_s=settings.get("client_timeout", DEFAULT_CLIENT_TIMEOUT_S),
+                         max_header_bytes=settings.get("max_header_bytes",
+                                                       DEFAULT_MAX_HEADER_BYTES))
 
 
 def _server_tls(args: argparse.Namespace, settings: dict[str, object]) -> TLSFiles:
     """The server's certificate (gRPC, or the gateway's planes): the TLS folder's server files
-    when --tls-dir is given, else the config file's TLS keys, else the dev folder's."""
+    when --tls-dir is given, else the config file's TLS keys, else the dev folder's; with the
+    CRL and the key password."""
     files = None if args.tls_dir is not None else tls_files_from_settings(settings)
-    files = files or dev_files(args.tls_dir or DEFAULT_TLS_DIR, "server")
+    files = dataclasses.replace(files or dev_files(args.tls_dir or DEFAULT_TLS_DIR, "server"),
+                                crl_file=crl_file_from_settings(settings),
+                                key_password=_key_password(args))
     files.load()
     return files
+
+
+def _key_password(args: argparse.Namespace) -> bytes | None:
+    """From --tls-key-password-file (its first line), else the environment."""
+    if args.tls_key_password_file is not None:
+        try:
+            lines = args.tls_key_password_file.read_bytes().splitlines()
+        except OSError as error:
+            raise ConfigError(f"key password file {args.tls_key_password_file} cannot be read: "
+                              f"{error.strerror}") from None
+        return lines[0] if lines else b""
+    password = os.environ.get(KEY_PASSWORD_ENV)
+    return None if password is None else password.encode()
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -196,10 +237,15 @@ def _run(args: argparse.Namespace) -> int:
     exits by itself with status 0 (/stopService), so does the other, and so does `run`."""
     shared = [*(["--config", str(args.config)] if args.config else []),
               *(["--tls-dir", str(args.tls_dir)] if args.tls_dir else []),
+              *(["--tls-crl", str(args.tls_crl)] if args.tls_crl else []),
+              *(["--tls-key-password-file", str(args.tls_key_password_file)]
+                if args.tls_key_password_file else []),
               *(["--insecure"] if args.insecure else [])]
     gateway_flags = [f"--{name.replace('_', '-')}={value}" for name, value in vars(args).items()
                      if value is not None and name.startswith(("http_", "management_", "metrics_",
-                                                               "business_", "max_body"))]
+                                                               "business_", "max_body",
+                                                               "max_connections", "client_timeout",
+                                                               "max_header"))]
     done = threading.Event()  # a signal came, or a child exited
     signalled = threading.Event()
     children: list[ChildProcess] = []
@@ -246,6 +292,8 @@ def default_cache_dir() -> Path:
 def _describe(engine_config: EngineConfig, server_config: ServerConfig) -> dict[str, object]:
     """The effective configuration, for the log: paths as strings, no key material."""
     described = {**dataclasses.asdict(engine_config), **dataclasses.asdict(server_config)}
+    if isinstance(described["tls"], dict):
+        described["tls"]["key_password"] = "(set)" if server_config.tls.key_password else None
     return json.loads(json.dumps(described, default=str))
 
 

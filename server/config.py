@@ -43,6 +43,8 @@ CONFIG_KEYS = {
     "tlsCaFile": "tls_ca_file",
     "tlsCert": "tls_cert",
     "tlsPk": "tls_pk",
+    "tlsCrlPath": "tls_crl_path",
+    "tlsCrlFiles": "tls_crl_files",
     "grpcIpAddress": "grpc_host",
     "grpcPort": "grpc_port",
     "ipAddress": "http_host",
@@ -50,11 +52,13 @@ CONFIG_KEYS = {
     "managementIpAddress": "management_host",
     "managementPort": "management_port",
     "metricsPort": "metrics_port",
+    "maxLinkNum": "max_connections",
     "device": "device",
     "dtype": "dtype",
     "cacheDir": "cache_dir",
 }
-PATH_SETTINGS = frozenset({"model", "tls_ca_path", "tls_cert", "tls_pk", "cache_dir"})
+PATH_SETTINGS = frozenset({"model", "tls_ca_path", "tls_cert", "tls_pk", "tls_crl_path",
+                           "cache_dir"})
 
 
 class ConfigError(ValueError):
@@ -108,6 +112,8 @@ def read_config_file(path: Path) -> dict[str, object]:
             settings[name] = path.parent / settings[name]
     if "tls_ca_file" in settings:
         settings.setdefault("tls_ca_path", path.parent)
+    if "tls_crl_files" in settings:
+        settings.setdefault("tls_crl_path", path.parent)
     return settings
 
 
@@ -127,6 +133,18 @@ def tls_files_from_settings(settings: Mapping[str, object]) -> TLSFiles | None:
     ca_path = Path(settings.get("tls_ca_path", "."))
     return TLSFiles(ca_file=ca_path / str(ca_file), cert_file=Path(settings["tls_cert"]),
                     key_file=Path(settings["tls_pk"]))
+
+
+def crl_file_from_settings(settings: Mapping[str, object]) -> Path | None:
+    """`--tls-crl`, else MindIE's tlsCrlPath + tlsCrlFiles (a list; the first file is used)."""
+    if settings.get("tls_crl"):
+        return Path(str(settings["tls_crl"]))
+    files = settings.get("tls_crl_files")
+    if isinstance(files, list):
+        files = files[0] if files else None
+    if not files:
+        return None
+    return Path(str(settings.get("tls_crl_path", "."))) / str(files)
 
 
 def _leaves(node: object) -> Iterator[tuple[str, object]]:

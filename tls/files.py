@@ -20,16 +20,20 @@ class TLSConfigError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class TLSMaterial:
-    """PEM bytes as grpc.ssl_server_credentials / ssl_channel_credentials take them."""
+    """PEM bytes as grpc.ssl_server_credentials / ssl_channel_credentials take them (the key
+    decrypted, in memory only), and the serial numbers the CRL revokes."""
 
     ca_pem: bytes
     cert_pem: bytes
     key_pem: bytes = field(repr=False)
+    revoked_serial_numbers: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
 class TLSFiles:
-    """Paths of one side's TLS files: the CA bundle that verifies the peer, our certificate and its key.
+    """Paths of one side's TLS files: the CA bundle that verifies the peer, our certificate and
+    its key (encrypted with `key_password`, or not), and optionally a CRL of the CA listing
+    peer certificates to refuse.
 
     Nothing is checked at construction, the files may be created later; :meth:`load`
     reads and checks them.
@@ -38,23 +42,34 @@ class TLSFiles:
     ca_file: Path
     cert_file: Path
     key_file: Path
+    crl_file: Path | None = None
+    key_password: bytes | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         for name in ("ca_file", "cert_file", "key_file"):
             object.__setattr__(self, name, Path(getattr(self, name)))
+        if self.crl_file is not None:
+            object.__setattr__(self, "crl_file", Path(self.crl_file))
 
     def load(self) -> TLSMaterial:
         ca_pem = _read(self.ca_file, "CA certificate")
         cert_pem = _read(self.cert_file, "certificate")
         key_pem = _read(self.key_file, "private key")
-        _parse_certificates(ca_pem, self.ca_file, "CA certificate")
+        authorities = _parse_certificates(ca_pem, self.ca_file, "CA certificate")
         leaf = _parse_certificates(cert_pem, self.cert_file, "certificate")[0]
-        key = _parse_private_key(key_pem, self.key_file)
+        key = _parse_private_key(key_pem, self.key_file, self.key_password)
         if not key_matches(leaf, key):
             raise TLSConfigError(
                 f"private key file {self.key_file} does not match the certificate in {self.cert_file}"
             )
-        return TLSMaterial(ca_pem=ca_pem, cert_pem=cert_pem, key_pem=key_pem)
+        if b"ENCRYPTED" in key_pem:
+            key_pem = key.private_bytes(serialization.Encoding.PEM,
+                                        serialization.PrivateFormat.PKCS8,
+                                        serialization.NoEncryption())
+        revoked = frozenset() if self.crl_file is None else _revoked_serial_numbers(
+            self.crl_file, authorities)
+        return TLSMaterial(ca_pem=ca_pem, cert_pem=cert_pem, key_pem=key_pem,
+                           revoked_serial_numbers=revoked)
 
 
 def dev_files(folder: Path, role: Literal["server", "client"]) -> TLSFiles:
@@ -90,15 +105,35 @@ def _parse_certificates(pem: bytes, path: Path, what: str) -> list[x509.Certific
     return certificates
 
 
-def _parse_private_key(pem: bytes, path: Path) -> ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey:
+def _parse_private_key(pem: bytes, path: Path, password: bytes | None
+                       ) -> ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey:
+    """`password` decrypts an encrypted key; an unencrypted key needs none (one password may
+    serve a process whose keys are not all encrypted)."""
+    encrypted = b"ENCRYPTED" in pem
     try:
-        key = serialization.load_pem_private_key(pem, password=None)
+        key = serialization.load_pem_private_key(pem, password=password if encrypted else None)
     except TypeError as exc:
-        raise TLSConfigError(f"private key file {path} is encrypted; an unencrypted PEM key is needed") from exc
+        raise TLSConfigError(f"private key file {path} is encrypted and no key password was "
+                             "given") from exc
     except ValueError as exc:
+        if encrypted and password is not None:
+            raise TLSConfigError(f"private key file {path} cannot be decrypted with the key "
+                                 "password given") from None
         raise TLSConfigError(f"private key file {path} is not a PEM private key: {exc}") from exc
     except UnsupportedAlgorithm as exc:
         raise TLSConfigError(f"private key file {path} uses an unsupported algorithm: {exc}") from exc
     if not isinstance(key, ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey):
         raise TLSConfigError(f"private key file {path} holds a {type(key).__name__}; EC or RSA is needed")
     return key
+
+
+def _revoked_serial_numbers(path: Path, authorities: list[x509.Certificate]) -> frozenset[int]:
+    """The serial numbers a PEM CRL revokes, once its signature checks out against a CA."""
+    try:
+        crl = x509.load_pem_x509_crl(_read(path, "CRL"))
+    except ValueError as exc:
+        raise TLSConfigError(f"CRL file {path} is not a PEM CRL: {exc}") from exc
+    if not any(crl.issuer == authority.subject and crl.is_signature_valid(authority.public_key())
+               for authority in authorities):
+        raise TLSConfigError(f"CRL file {path} is not signed by the CA")
+    return frozenset(revoked.serial_number for revoked in crl)

@@ -109,8 +109,9 @@ def test_gateway_config_needs_each_plane_once(server_files: TLSFiles) -> None:
     for bad in [(business, management), (business, management, business)]:
         with pytest.raises(ValueError, match="exactly one business, management and metrics"):
             GatewayConfig(bad, UpstreamConfig())
-    with pytest.raises(ValueError, match="max_body_bytes"):
-        GatewayConfig(planes(server_files), UpstreamConfig(), max_body_bytes=0)
+    for limit in ("max_body_bytes", "max_connections", "client_timeout_s", "max_header_bytes"):
+        with pytest.raises(ValueError, match=limit):
+            GatewayConfig(planes(server_files), UpstreamConfig(), **{limit: 0})
 
 
 def test_planes_may_share_a_port_only_with_the_same_tls(server_files: TLSFiles,

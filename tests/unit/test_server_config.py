@@ -15,10 +15,11 @@ from engine.config import EngineConfig
 from engine.errors import (EngineDead, EngineError, GenerationFailed, InvalidRequest, NotFound,
                            Overloaded, PromptTooLong, RequestTimedOut)
 from gateway.config import GatewayConfig, Plane, TLSMode
-from server.cli import _configs, _parser, gateway_config
+from server.cli import KEY_PASSWORD_ENV, _configs, _describe, _parser, gateway_config
 from server.config import ConfigError, ServerConfig, read_config_file, tls_files_from_settings
 from server.errors import status_for
-from tls import DevPKIPaths, TLSConfigError, TLSFiles, write_dev_pki
+from tls import (CertificateAuthority, DevPKIPaths, TLSConfigError, TLSFiles, create_crl,
+                 write_dev_pki)
 
 
 @pytest.fixture(scope="module")
@@ -270,3 +271,37 @@ def test_plain_http_is_refused_off_loopback(pki: DevPKIPaths) -> None:
     with pytest.raises(ValueError, match="loopback"):
         gateway_settings("--tls-dir", str(pki.folder), "--http-host", "0.0.0.0",
                          "--business-tls", "none")
+
+
+def test_the_crl_comes_from_mindies_keys_or_the_flag(tmp_path: Path, pki: DevPKIPaths) -> None:
+    ca = CertificateAuthority.from_pem(pki.ca_cert.read_bytes(), pki.ca_key.read_bytes())
+    (tmp_path / "crl").mkdir()
+    (tmp_path / "crl" / "ca.crl.pem").write_bytes(create_crl(ca, [5]))
+    path = write_config(tmp_path, pki_config(pki, tlsCrlPath="crl", tlsCrlFiles=["ca.crl.pem"]))
+    assert configs("--config", str(path))[1].tls.crl_file == tmp_path / "crl" / "ca.crl.pem"
+    flagged = tmp_path / "flagged.crl.pem"
+    flagged.write_bytes(create_crl(ca, [6]))
+    tls = configs("--config", str(path), "--tls-crl", str(flagged))[1].tls
+    assert tls.crl_file == flagged and tls.load().revoked_serial_numbers == {6}
+
+
+def test_the_key_password_comes_from_a_file_or_the_environment_and_is_never_logged(
+        tmp_path: Path, pki: DevPKIPaths, monkeypatch: pytest.MonkeyPatch) -> None:
+    password_file = tmp_path / "password"
+    password_file.write_text("from-file\n")
+    tls = configs("--tls-dir", str(pki.folder), "--tls-key-password-file", str(password_file),
+                  "--grpc-port", "0")[1].tls
+    assert tls.key_password == b"from-file"
+    monkeypatch.setenv(KEY_PASSWORD_ENV, "from-env")
+    engine_config, server_config = configs("--tls-dir", str(pki.folder), "--grpc-port", "0")
+    assert server_config.tls.key_password == b"from-env"
+    assert "from-env" not in json.dumps(_describe(engine_config, server_config))
+
+
+def test_gateway_limits_come_from_flags_or_maxlinknum(tmp_path: Path, pki: DevPKIPaths) -> None:
+    path = write_config(tmp_path, pki_config(pki, maxLinkNum=300))
+    args = _parser().parse_args(["gateway", "--config", str(path), "--client-timeout", "5",
+                                 "--max-header-bytes", "8192"])
+    config = gateway_config(args)
+    assert (config.max_connections, config.client_timeout_s, config.max_header_bytes) == (
+        300, 5.0, 8192)

@@ -255,6 +255,54 @@ def test_load_rejects_a_key_that_does_not_match_the_certificate(dev_pki: DevPKIP
         files.load()
 
 
+def _encrypted_copy(key_file: Path, folder: Path, password: bytes) -> Path:
+    encrypted = folder / "encrypted.key.pem"
+    key = serialization.load_pem_private_key(key_file.read_bytes(), password=None)
+    encrypted.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                            serialization.PrivateFormat.PKCS8,
+                                            serialization.BestAvailableEncryption(password)))
+    return encrypted
+
+
+def test_an_encrypted_key_loads_with_its_password_and_is_handed_on_decrypted(
+        dev_pki: DevPKIPaths, tmp_path: Path) -> None:
+    encrypted = _encrypted_copy(dev_pki.server_key, tmp_path, b"s3cret")
+    files = TLSFiles(dev_pki.ca_cert, dev_pki.server_cert, encrypted, key_password=b"s3cret")
+    material = files.load()
+    assert serialization.load_pem_private_key(material.key_pem, password=None)
+    assert "s3cret" not in repr(files) and "s3cret" not in repr(material)
+
+
+def test_a_wrong_key_password_is_named_and_an_unencrypted_key_needs_none(
+        dev_pki: DevPKIPaths, tmp_path: Path) -> None:
+    encrypted = _encrypted_copy(dev_pki.server_key, tmp_path, b"s3cret")
+    with pytest.raises(TLSConfigError, match="cannot be decrypted with the key password"):
+        TLSFiles(dev_pki.ca_cert, dev_pki.server_cert, encrypted, key_password=b"wrong").load()
+    plain = TLSFiles(dev_pki.ca_cert, dev_pki.server_cert, dev_pki.server_key,
+                     key_password=b"s3cret").load()
+    assert plain.key_pem == dev_pki.server_key.read_bytes()
+
+
+def test_a_crl_of_the_ca_gives_its_revoked_serial_numbers(dev_pki: DevPKIPaths,
+                                                           tmp_path: Path) -> None:
+    ca = CertificateAuthority.from_pem(dev_pki.ca_cert.read_bytes(), dev_pki.ca_key.read_bytes())
+    crl = tmp_path / "ca.crl.pem"
+    crl.write_bytes(create_crl(ca, [7, 11]))
+    files = TLSFiles(dev_pki.ca_cert, dev_pki.server_cert, dev_pki.server_key, crl_file=crl)
+    assert files.load().revoked_serial_numbers == {7, 11}
+
+
+def test_a_crl_of_another_ca_or_not_a_crl_is_refused(dev_pki: DevPKIPaths,
+                                                     tmp_path: Path) -> None:
+    crl = tmp_path / "other.crl.pem"
+    crl.write_bytes(create_crl(create_ca("another CA"), [7]))
+    with pytest.raises(TLSConfigError, match="is not signed by the CA"):
+        TLSFiles(dev_pki.ca_cert, dev_pki.server_cert, dev_pki.server_key, crl_file=crl).load()
+    crl.write_bytes(b"garbage")
+    with pytest.raises(TLSConfigError, match="is not a PEM CRL"):
+        TLSFiles(dev_pki.ca_cert, dev_pki.server_cert, dev_pki.server_key, crl_file=crl).load()
+
+
 def test_load_rejects_files_that_are_not_pem(dev_pki: DevPKIPaths, tmp_path: Path) -> None:
     garbage = tmp_path / "garbage.pem"
     garbage.write_bytes(b"not a pem file\n")

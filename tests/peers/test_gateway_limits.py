@@ -1,0 +1,82 @@
+"""The gateway's connection limits against misbehaving clients: one connection over
+`--max-connections` (MindIE's maxLinkNum) gets 503 while the others are served, a client that
+sends its request one byte per second is cut off after `--client-timeout`, and headers over
+`--max-header-bytes` end the connection; the gateway serves everyone else throughout."""
+
+from __future__ import annotations
+
+import socket
+import ssl
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack
+from urllib.parse import urlsplit
+
+import pytest
+from conftest import start_gateway
+from gateway_clients import MODEL, fetch, ssl_context
+
+MAX_CONNECTIONS = 3
+CLIENT_TIMEOUT_S = 2
+MAX_HEADER_BYTES = 4096
+READY = f"/v2/models/{MODEL}/ready"
+
+
+@pytest.fixture(scope="module")
+def limited_gateway(pki, grpc_server) -> Iterator:
+    gateway = start_gateway(pki.folder, grpc_server.address,
+                            "--max-connections", str(MAX_CONNECTIONS),
+                            "--client-timeout", str(CLIENT_TIMEOUT_S),
+                            "--max-header-bytes", str(MAX_HEADER_BYTES))
+    yield gateway
+    assert gateway.stop() == 0, gateway.log_text()
+
+
+def tls_socket(base_url: str, client_files) -> ssl.SSLSocket:
+    parts = urlsplit(base_url)
+    raw = socket.create_connection((parts.hostname, parts.port), timeout=30)
+    return ssl_context(client_files).wrap_socket(raw, server_hostname=parts.hostname)
+
+
+def read_all(connection: ssl.SSLSocket) -> bytes:
+    """Everything until the server closes the connection."""
+    chunks = []
+    while chunk := connection.recv(65536):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def test_one_connection_over_the_limit_gets_503_and_the_others_are_served(
+        limited_gateway, client_files) -> None:
+    business = limited_gateway.url("business")
+    with ExitStack() as stack:
+        held = [stack.enter_context(tls_socket(business, client_files))
+                for _ in range(MAX_CONNECTIONS)]
+        refused = read_all(stack.enter_context(tls_socket(business, client_files)))
+        assert refused.startswith(b"HTTP/1.1 503 "), refused
+        assert b"too many connections" in refused
+        held[0].sendall(f"GET {READY} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+        assert read_all(held[0]).startswith(b"HTTP/1.1 200 ")
+    assert fetch(business, client_files, READY)[0] == 200
+
+
+def test_a_client_sending_one_byte_per_second_is_cut_off(limited_gateway, client_files) -> None:
+    request = f"GET {READY} HTTP/1.1\r\nHost: x\r\nX-Slow: {'a' * 60}\r\n\r\n".encode()
+    start = time.monotonic()
+    with tls_socket(limited_gateway.url("business"), client_files) as connection:
+        with pytest.raises((BrokenPipeError, ConnectionResetError, ssl.SSLError)):
+            for byte in request:
+                connection.sendall(bytes([byte]))
+                time.sleep(1)  # the slow client under test
+            if not connection.recv(1):
+                raise ConnectionResetError("closed by the gateway")
+    assert time.monotonic() - start < CLIENT_TIMEOUT_S + 5
+    assert fetch(limited_gateway.url("business"), client_files, READY)[0] == 200
+
+
+def test_headers_over_the_limit_end_the_connection(limited_gateway, client_files) -> None:
+    request = (f"GET {READY} HTTP/1.1\r\nHost: x\r\nX-Big: {'a' * MAX_HEADER_BYTES}\r\n\r\n")
+    with tls_socket(limited_gateway.url("business"), client_files) as connection:
+        connection.sendall(request.encode())
+        assert not read_all(connection).startswith(b"HTTP/1.1 200 ")
+    assert fetch(limited_gateway.url("business"), client_files, READY)[0] == 200

@@ -1,0 +1,351 @@
+"""TLS hardening, end to end with real clients: expired and revoked client certificates, TLS
+below 1.2, encrypted private keys, and certificate rotation on SIGHUP without a restart."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+from conftest import ClientFiles, start_gateway
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from gateway_clients import MODEL, curl_with, open_stream, poll, request
+from test_gateway_tls import PLANE_PATHS, PLANES, assert_handshake_refused
+from test_tritonclient_grpc import generate_text, make_client
+from tritonclient.utils import InferenceServerException
+
+from server.process import GatewayProcess, ServerProcess
+from tls import (CertificateAuthority, Credential, DevPKIPaths, create_crl, issue_certificate,
+                 write_dev_pki)
+from tls.pki import DEV_HOSTS
+
+KEY_PASSWORD_ENV = "SWITCHBOARD_TLS_KEY_PASSWORD"
+PASSWORD = "correct-horse-battery-7f3a9c"
+RELOADED, NOT_RELOADED = "TLS files reloaded", "TLS files not reloaded"
+BROKEN_KEY = b"-----BEGIN PRIVATE KEY-----\nbroken\n-----END PRIVATE KEY-----\n"
+STREAM_TOKENS = 80  # long enough to be in flight across the rotation
+GENERATE = {"text_input": "The capital of France is",
+            "parameters": {"max_new_tokens": 4, "do_sample": False}}
+
+
+@contextlib.contextmanager
+def service(tls_dir: Path, *args: str) -> Iterator[tuple[ServerProcess, GatewayProcess]]:
+    """A server and a gateway in front of it, both given `args`; both must stop cleanly."""
+    server = ServerProcess("--tls-dir", str(tls_dir), *args)
+    try:
+        server.wait_ready()
+        gateway = start_gateway(tls_dir, server.address, *args)
+        try:
+            yield server, gateway
+        finally:
+            assert gateway.stop() == 0, gateway.log_text()
+    finally:
+        assert server.stop() == 0, server.log_text()
+
+
+def load_ca(pki: DevPKIPaths) -> CertificateAuthority:
+    return CertificateAuthority.from_pem(pki.ca_cert.read_bytes(), pki.ca_key.read_bytes())
+
+
+def write_client_files(pki: DevPKIPaths, folder: Path, credential: Credential) -> ClientFiles:
+    cert, key = folder / "client.pem", folder / "client.key.pem"
+    cert.write_bytes(credential.certificate_pem())
+    key.write_bytes(credential.private_key_pem())
+    return ClientFiles(ca=pki.ca_cert, cert=cert, key=key)
+
+
+def replace_file(path: Path, data: bytes) -> None:
+    """Atomically, as a rotation tool would: readers see the old file or the new one."""
+    temporary = path.with_name(f".{path.name}.new")
+    temporary.write_bytes(data)
+    os.replace(temporary, path)
+
+
+def netloc(url: str) -> str:
+    return urlsplit(url).netloc
+
+
+def tls_client(files: ClientFiles, version: ssl.TLSVersion) -> ssl.SSLContext:
+    """A client that offers exactly `version` (old ones need OpenSSL's security level 0)."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.load_verify_locations(files.ca)
+    context.load_cert_chain(files.cert, files.key)
+    context.minimum_version = context.maximum_version = version
+    context.set_ciphers("DEFAULT:@SECLEVEL=0")
+    context.set_alpn_protocols(["h2", "http/1.1"])  # gRPC wants h2
+    return context
+
+
+@contextlib.contextmanager
+def handshake(address: str, context: ssl.SSLContext) -> Iterator[ssl.SSLSocket]:
+    host, port = address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as raw, \
+            context.wrap_socket(raw, server_hostname=host) as tls:
+        yield tls
+
+
+def served_serial(address: str, files: ClientFiles) -> int:
+    """The serial number of the certificate a new TLS connection to `address` is shown."""
+    with handshake(address, tls_client(files, ssl.TLSVersion.TLSv1_3)) as tls:
+        return x509.load_der_x509_certificate(tls.getpeercert(binary_form=True)).serial_number
+
+
+def assert_gateway_generates(gateway: GatewayProcess, files: ClientFiles) -> None:
+    reply = curl_with(files, f"{gateway.url('business')}/v2/models/{MODEL}/generate", body=GENERATE)
+    assert (reply.exit_code, reply.status) == (0, 200), (reply.stderr, reply.body)
+    assert reply.json()["text_output"]
+
+
+def assert_grpc_generates(address: str, files: ClientFiles) -> None:
+    with make_client(address, files) as triton:
+        assert triton.is_server_live()
+        assert generate_text(triton, "Hi", max_new_tokens=2)
+
+
+def wait_for_new_line(process: ServerProcess | GatewayProcess, text: str,
+                      before: set[str]) -> None:
+    """Wait for a log line saying `text` that is not among the lines `before`."""
+    lines, _ = poll(lambda: [line for line in list(process.log)
+                             if text in line and line not in before], bool, deadline_s=10)
+    assert lines, f"no new {text!r} line:\n{process.log_text()}"
+
+
+def reload_tls(process: ServerProcess | GatewayProcess, expected: str) -> None:
+    """SIGHUP, then wait for a new log line saying `expected`."""
+    before = set(process.log)
+    process.process.send_signal(signal.SIGHUP)
+    wait_for_new_line(process, expected, before)
+
+
+# Expired and revoked client certificates
+
+
+@pytest.fixture(scope="module")
+def expired_files(pki, tmp_path_factory) -> ClientFiles:
+    now = datetime.now(timezone.utc)
+    expired = issue_certificate(load_ca(pki), "expired-client", kind="client",
+                                hosts=["expired-client"], not_before=now - timedelta(days=2),
+                                not_after=now - timedelta(days=1))
+    return write_client_files(pki, tmp_path_factory.mktemp("expired"), expired)
+
+
+@pytest.mark.parametrize("plane", PLANES)
+def test_an_expired_client_certificate_fails_the_gateway_handshake(gateway, expired_files,
+                                                                   plane) -> None:
+    assert_handshake_refused(curl_with(expired_files, gateway.url(plane) + PLANE_PATHS[plane]))
+
+
+def test_an_expired_client_certificate_is_refused_by_the_grpc_server(grpc_server,
+                                                                     expired_files) -> None:
+    with make_client(grpc_server.address, expired_files) as triton, \
+            pytest.raises(InferenceServerException) as raised:
+        triton.is_server_live()
+    assert raised.value.status() == "StatusCode.UNAVAILABLE"
+
+
+@pytest.fixture(scope="module")
+def revoked_files(pki, tmp_path_factory) -> ClientFiles:
+    revoked = issue_certificate(load_ca(pki), "revoked-client", kind="client",
+                                hosts=["revoked-client"])
+    return write_client_files(pki, tmp_path_factory.mktemp("revoked"), revoked)
+
+
+@pytest.fixture(scope="module")
+def crl_service(pki, revoked_files, tmp_path_factory
+                ) -> Iterator[tuple[ServerProcess, GatewayProcess]]:
+    """A server and a gateway with a CRL that revokes `revoked_files` (not the gateway's own
+    upstream certificate, the PKI's client.pem)."""
+    serial = x509.load_pem_x509_certificate(revoked_files.cert.read_bytes()).serial_number
+    crl = tmp_path_factory.mktemp("crl") / "crl.pem"
+    crl.write_bytes(create_crl(load_ca(pki), [serial]))
+    with service(pki.folder, "--tls-crl", str(crl)) as pair:
+        yield pair
+
+
+@pytest.mark.parametrize("plane", PLANES)
+def test_a_revoked_client_certificate_fails_the_gateway_handshake(crl_service, revoked_files,
+                                                                  plane) -> None:
+    _, gateway = crl_service
+    assert_handshake_refused(curl_with(revoked_files, gateway.url(plane) + PLANE_PATHS[plane]))
+
+
+def test_a_revoked_client_certificate_is_unauthenticated_on_grpc(crl_service,
+                                                                 revoked_files) -> None:
+    server, _ = crl_service
+    with make_client(server.address, revoked_files) as triton, \
+            pytest.raises(InferenceServerException) as raised:
+        triton.is_server_live()
+    assert raised.value.status() == "StatusCode.UNAUTHENTICATED"
+    assert "revoked" in raised.value.message()
+
+
+def test_with_a_crl_a_valid_client_certificate_is_served(crl_service, client_files) -> None:
+    server, gateway = crl_service
+    ready = curl_with(client_files, gateway.url("business") + "/v2/health/ready")
+    assert (ready.exit_code, ready.status) == (0, 200), ready.stderr
+    assert_gateway_generates(gateway, client_files)
+    assert_grpc_generates(server.address, client_files)
+
+
+# TLS versions
+
+
+@pytest.mark.filterwarnings("ignore:ssl.TLSVersion.TLSv1_1 is deprecated:DeprecationWarning")
+@pytest.mark.parametrize("target", ["gateway", "grpc"])
+def test_tls_below_1_2_is_refused_and_1_2_is_accepted(gateway, grpc_server, client_files,
+                                                      target) -> None:
+    assert ssl.HAS_TLSv1_1, "this OpenSSL cannot offer TLS 1.1: the refusal cannot be tested"
+    address = netloc(gateway.url("business")) if target == "gateway" else grpc_server.address
+    before = set(grpc_server.log)
+    with pytest.raises(ssl.SSLError) as raised, \
+            handshake(address, tls_client(client_files, ssl.TLSVersion.TLSv1_1)):
+        pass
+    # Proof that the client did offer TLS 1.1 (no local refusal): the gateway answers with a
+    # protocol_version alert; gRPC hangs up and logs why.
+    if target == "gateway":
+        assert raised.value.reason == "TLSV1_ALERT_PROTOCOL_VERSION", raised.value
+    else:
+        wait_for_new_line(grpc_server, "UNSUPPORTED_PROTOCOL", before)
+    with handshake(address, tls_client(client_files, ssl.TLSVersion.TLSv1_2)) as tls:
+        assert tls.version() == "TLSv1.2"
+
+
+# Encrypted private keys
+
+
+@pytest.fixture(scope="module")
+def encrypted_pki(tmp_path_factory) -> tuple[DevPKIPaths, ClientFiles]:
+    """A PKI whose server and client keys are encrypted with PASSWORD, and client files with
+    the client key in clear (for the test's own clients)."""
+    folder = tmp_path_factory.mktemp("encrypted")
+    pki = write_dev_pki(folder / "pki")
+    plain_key = folder / "client.key.pem"
+    plain_key.write_bytes(pki.client_key.read_bytes())
+    for key_file in (pki.server_key, pki.client_key):
+        key = serialization.load_pem_private_key(key_file.read_bytes(), password=None)
+        key_file.write_bytes(key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+            serialization.BestAvailableEncryption(PASSWORD.encode())))
+    return pki, ClientFiles(ca=pki.ca_cert, cert=pki.client_cert, key=plain_key)
+
+
+@pytest.fixture(scope="module")
+def encrypted_service(encrypted_pki) -> Iterator[tuple[ServerProcess, GatewayProcess]]:
+    """Started with the password in the environment (which they inherit)."""
+    with contextlib.ExitStack() as stack:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv(KEY_PASSWORD_ENV, PASSWORD)
+            pair = stack.enter_context(service(encrypted_pki[0].folder))
+        yield pair
+
+
+def test_encrypted_keys_with_the_password_in_the_environment(encrypted_pki,
+                                                             encrypted_service) -> None:
+    server, gateway = encrypted_service
+    assert_gateway_generates(gateway, encrypted_pki[1])
+    assert_grpc_generates(server.address, encrypted_pki[1])
+    for process in encrypted_service:
+        assert PASSWORD not in process.log_text()
+
+
+def test_encrypted_keys_with_a_password_file(encrypted_pki, tmp_path, monkeypatch) -> None:
+    monkeypatch.delenv(KEY_PASSWORD_ENV, raising=False)
+    password_file = tmp_path / "key-password"
+    password_file.write_text(PASSWORD + "\n")
+    server = ServerProcess("--tls-dir", str(encrypted_pki[0].folder),
+                           "--tls-key-password-file", str(password_file))
+    try:
+        server.wait_ready()
+        assert_grpc_generates(server.address, encrypted_pki[1])
+    finally:
+        assert server.stop() == 0, server.log_text()
+    assert PASSWORD not in server.log_text()
+
+
+@pytest.mark.parametrize(("password", "says"), [
+    (None, "is encrypted and no key password was given"),
+    ("wrong-password-1b2c", "cannot be decrypted with the key password given"),
+])
+def test_an_encrypted_key_without_its_password_stops_the_server(encrypted_pki, password,
+                                                                says) -> None:
+    env = {name: value for name, value in os.environ.items() if name != KEY_PASSWORD_ENV}
+    if password is not None:
+        env[KEY_PASSWORD_ENV] = password
+    ran = subprocess.run([sys.executable, "-m", "server", "server", "--tls-dir",
+                          str(encrypted_pki[0].folder), "--grpc-port", "0"],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 2, ran.stderr
+    assert f"private key file {encrypted_pki[0].server_key} {says}" in ran.stderr
+    assert password is None or password not in ran.stderr
+
+
+# Certificate rotation
+
+
+@pytest.fixture(scope="module")
+def rotating(tmp_path_factory) -> Iterator[tuple[DevPKIPaths, ServerProcess, GatewayProcess]]:
+    pki = write_dev_pki(tmp_path_factory.mktemp("rotating"))
+    with service(pki.folder) as (server, gateway):
+        yield pki, server, gateway
+
+
+def own_files(pki: DevPKIPaths) -> ClientFiles:
+    return ClientFiles(ca=pki.ca_cert, cert=pki.client_cert, key=pki.client_key)
+
+
+def test_a_rotated_server_certificate_is_served_without_a_restart(rotating) -> None:
+    """New connections get the new certificate; the stream in flight completes."""
+    pki, server, gateway = rotating
+    files, business = own_files(pki), netloc(gateway.url("business"))
+    old_serial = served_serial(business, files)
+    body = {"text_input": "Write a long story about a dragon.",
+            "parameters": {"max_new_tokens": STREAM_TOKENS, "ignore_eos": True,
+                           "do_sample": False}}
+    with open_stream(gateway.url("business"), files, body) as stream:
+        events = stream.events()
+        received = [next(events)]
+        new = issue_certificate(load_ca(pki), "rotated-server", kind="server", hosts=DEV_HOSTS)
+        assert new.serial_number != old_serial
+        replace_file(pki.server_key, new.private_key_pem())
+        replace_file(pki.server_cert, new.certificate_pem())
+        for process in (server, gateway):
+            reload_tls(process, RELOADED)
+        status, slots = request(gateway.url("management"), files,
+                                f"/v2/models/{MODEL}/getSlotCount")
+        assert status == 200 and slots["free_slots"] < slots["total_slots"], \
+            "the stream was no longer in flight after the rotation"
+        assert served_serial(business, files) == new.serial_number
+        assert served_serial(server.address, files) == new.serial_number
+        received += events
+    assert len(received) == STREAM_TOKENS
+    details = received[-1]["details"]
+    assert (details["generated_tokens"], details["finish_reason"]) == (STREAM_TOKENS, "length")
+    assert_gateway_generates(gateway, files)
+    assert_grpc_generates(server.address, files)
+
+
+def test_a_broken_key_on_sighup_is_not_reloaded_and_the_current_one_stays(rotating) -> None:
+    pki, server, gateway = rotating
+    files, business = own_files(pki), netloc(gateway.url("business"))
+    serving = served_serial(business, files)
+    good_key = pki.server_key.read_bytes()
+    replace_file(pki.server_key, BROKEN_KEY)
+    try:
+        for process in (server, gateway):
+            reload_tls(process, NOT_RELOADED)
+        assert served_serial(business, files) == serving
+        assert served_serial(server.address, files) == serving
+        assert_gateway_generates(gateway, files)
+        assert_grpc_generates(server.address, files)
+    finally:
+        replace_file(pki.server_key, good_key)
