@@ -11,6 +11,7 @@ tritonclient.http does by default.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
@@ -67,11 +68,28 @@ def split_body(body: bytes, header_length: str | None) -> tuple[object, bytes]:
     return parse_json(json_part), binary
 
 
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
 def parse_json(body: bytes) -> object:
+    """The body's JSON document. Refused (400): malformed JSON, nesting too deep for Python's
+    parser, integers over Python's 4300 digits, and strings with an unpaired surrogate escape
+    (`"\\ud800"`), which no UTF-8 text (nor protobuf string) can hold."""
     try:
-        return json.loads(body)
+        document = json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise RequestError(400, f"the body is not valid JSON: {error}") from None
+    except RecursionError:
+        raise RequestError(400, "the body's JSON is nested too deeply") from None
+    except ValueError as error:  # the integer digit limit
+        raise RequestError(400, f"the body's JSON has a number out of range: {error}") from None
+    if _SURROGATE_ESCAPE.search(body):
+        try:
+            json.dumps(document, ensure_ascii=False).encode()
+        except UnicodeEncodeError:
+            raise RequestError(400, "the body's JSON has a string with an unpaired surrogate "
+                               "(\\ud800-\\udfff) escape") from None
+    return document
 
 
 def infer_request_to_pb(model: str, version: str, document: object, binary: bytes

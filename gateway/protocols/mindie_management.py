@@ -24,8 +24,8 @@ def health_timeout(seconds: str | None) -> int:
     """N of /health/timed-N: an integer in [1, 600]; other values are no route (404)."""
     if seconds is None:
         return DEFAULT_HEALTH_TIMEOUT_S
-    if not (seconds.isascii() and seconds.isdigit()) \
-            or not 1 <= int(seconds) <= MAX_HEALTH_TIMEOUT_S:
+    digits_ok = seconds.isascii() and seconds.isdigit() and len(seconds.lstrip("0")) <= 3
+    if not digits_ok or not 1 <= int(seconds) <= MAX_HEALTH_TIMEOUT_S:
         raise RequestError(404, f"no route for /health/timed-{seconds}: the timeout must be an "
                            f"integer number of seconds in [1, {MAX_HEALTH_TIMEOUT_S}]")
     return int(seconds)
