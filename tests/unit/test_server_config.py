@@ -300,8 +300,8 @@ def test_the_key_password_comes_from_a_file_or_the_environment_and_is_never_logg
 
 def test_gateway_limits_come_from_flags_or_maxlinknum(tmp_path: Path, pki: DevPKIPaths) -> None:
     path = write_config(tmp_path, pki_config(pki, maxLinkNum=300))
-    args = _parser().parse_args(["gateway", "--config", str(path), "--client-timeout", "5",
-                                 "--max-header-bytes", "8192"])
+    args = _parser().parse_args(["gateway", "--config", str(path), "--tls-dir", str(pki.folder),
+                                 "--client-timeout", "5", "--max-header-bytes", "8192"])
     config = gateway_config(args)
     assert (config.max_connections, config.client_timeout_s, config.max_header_bytes) == (
         300, 5.0, 8192)
