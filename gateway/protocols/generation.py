@@ -8,8 +8,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from gateway.errors import bad_request
-from gateway.protocols.parameters import set_parameters
+from gateway.errors import RequestError, bad_request
+from gateway.protocols.parameters import UINT32_MAX, set_parameters
 from proto import switchboard_pb2 as sb
 
 # The server's InvalidRequest messages start with the field's name.
@@ -17,21 +17,31 @@ _FIELD = re.compile(r"(?P<field>[A-Za-z_][\w.\[\]]*): (?P<reason>.*)", re.DOTALL
 
 
 def generate_request(model: str, prompt: str | list[int] | sb.ChatMessages,
-                     parameters: Mapping[str, object], client_id: str = ""
-                     ) -> tuple[sb.GenerateRequest, float]:
-    """The request (an empty model names the served one) and the call's deadline in seconds."""
+                     parameters: Mapping[str, object], client_id: str = "",
+                     names: Mapping[str, str] | None = None) -> tuple[sb.GenerateRequest, float]:
+    """The request (an empty model names the served one) and the call's deadline in seconds.
+    `parameters` are under MindIE's names; `names` (the protocol's names → MindIE's) puts a
+    refused field back under the name the client sent."""
     request = sb.GenerateRequest(model_name=model, id=client_id)
-    if isinstance(prompt, str):
-        request.text = prompt
-    elif isinstance(prompt, sb.ChatMessages):
-        request.messages.CopyFrom(prompt)
-    else:
-        request.token_ids.ids.extend(prompt)
-    if isinstance(parameters.get("stop"), str):
-        # One stop string travels as a one-element list: a string starting with "[" would
-        # otherwise read as a JSON array on the server.
-        parameters = {**parameters, "stop": [parameters["stop"]]}
-    return request, set_parameters(request.parameters, parameters)
+    try:
+        if isinstance(prompt, str):
+            request.text = prompt
+        elif isinstance(prompt, sb.ChatMessages):
+            request.messages.CopyFrom(prompt)
+        elif not all(0 <= token_id <= UINT32_MAX for token_id in prompt):
+            raise bad_request("prompt", f"token ids must be in [0, {UINT32_MAX}]")
+        else:
+            request.token_ids.ids.extend(prompt)
+        if isinstance(parameters.get("stop"), str):
+            # One stop string travels as a one-element list: a string starting with "[" would
+            # otherwise read as a JSON array on the server.
+            parameters = {**parameters, "stop": [parameters["stop"]]}
+        return request, set_parameters(request.parameters, parameters)
+    except RequestError as error:
+        if error.field is None or not names:
+            raise
+        field, message = field_in_protocol(error.message, names)
+        raise RequestError(error.status, message, field or error.field) from None
 
 
 def renamed(values: Mapping[str, object], names: Mapping[str, str]) -> dict[str, object]:

@@ -20,7 +20,8 @@ from google.protobuf import json_format
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
 from gateway.errors import RequestError, bad_request
-from gateway.protocols.parameters import json_type, parameter_value, set_parameters
+from gateway.protocols.parameters import (INT64_MAX, json_type, parameter_value,
+                                         set_parameters)
 from proto import grpc_service_pb2 as pb
 from proto import model_config_pb2 as mc
 from proto.tensor_bytes import deserialize_bytes, serialize_bytes
@@ -225,9 +226,10 @@ def _input_tensor(request: pb.ModelInferRequest, tensor: Mapping[str, object], p
         raise bad_request(f"{where}.name", "must be a string")
     if not isinstance(datatype, str):
         raise bad_request(f"{name}.datatype", "must be a string")
-    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool)
-                                              for d in shape):
-        raise bad_request(f"{name}.shape", "must be an array of integers")
+    if not isinstance(shape, list) or not all(
+            isinstance(d, int) and not isinstance(d, bool) and -INT64_MAX - 1 <= d <= INT64_MAX
+            for d in shape):
+        raise bad_request(f"{name}.shape", "must be an array of 64-bit integers")
     request.inputs.add(name=name, datatype=datatype, shape=shape)
     options = require_object(tensor.get("parameters", {}), f"{name}.parameters")
     size = options.get("binary_data_size")
@@ -261,7 +263,11 @@ def _encode(name: str, datatype: str, data: object) -> bytes:
         info = np.iinfo(target)
         if not all(isinstance(value, int) and info.min <= value <= info.max for value in values):
             raise bad_request(name, f"{datatype} data must be integers in [{info.min}, {info.max}]")
-    return np.asarray(values, dtype=target).tobytes()
+    try:
+        return np.asarray(values, dtype=target).tobytes()
+    except OverflowError:
+        raise bad_request(name, f"{datatype} data must be numbers within the datatype's "
+                          "range") from None
 
 
 def _flatten(data: list[object]) -> Iterator[object]:

@@ -57,7 +57,8 @@ def infer_request_to_pb(document: object, tokens: bool
     parameters.pop("skip_special_tokens", None)
     details = optional_bool(parameters, "details")
     request, deadline_s = generate_request("", prompt, parameters,
-                                           optional_string(document, "id"))
+                                           optional_string(document, "id"),
+                                           names=TOKEN_NAMES if tokens else NAMES)
     return request, optional_bool(document, "stream"), details, deadline_s
 
 

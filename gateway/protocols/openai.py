@@ -107,8 +107,9 @@ def chat_request_to_pb(document: object) -> tuple[list[Call], OpenAIOptions]:
         if older is not None else UNLIMITED
     logprobs = optional_bool(document, "logprobs")
     values.update(logprobs=logprobs, top_logprobs=document.get("top_logprobs"))
-    request, deadline_s = generate_request(_model(document), _messages(messages), values)
     names = CHAT_NAMES_NEW_MAX if newer is not None else CHAT_NAMES
+    request, deadline_s = generate_request(_model(document), _messages(messages), values,
+                                           names=names)
     return [Call(request, None)], _options(document, "chat.completion", logprobs, False,
                                            deadline_s, names)
 
@@ -132,7 +133,8 @@ def completion_request_to_pb(document: object) -> tuple[list[Call], OpenAIOption
         # Echoing a prompt of token ids needs its text: the server sends its tokens back.
         prompt_values = {**values, "prompt_logprobs": True} if echo and not isinstance(
             prompt, str) else values
-        request, deadline_s = generate_request(_model(document), prompt, prompt_values)
+        request, deadline_s = generate_request(_model(document), prompt, prompt_values,
+                                               names=COMPLETION_NAMES)
         calls.append(Call(request, prompt if isinstance(prompt, str) else None))
     return calls, _options(document, "text_completion", top is not None, echo, deadline_s,
                            COMPLETION_NAMES)

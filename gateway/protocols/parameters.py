@@ -13,6 +13,7 @@ from proto import grpc_service_pb2 as pb
 
 INT64_MAX = 2**63 - 1
 UINT64_MAX = 2**64 - 1
+UINT32_MAX = 2**32 - 1
 DEFAULT_TIMEOUT_S = 600.0
 MICROSECONDS = 1_000_000
 PRIORITY_RANGE = range(1, 6)
@@ -55,8 +56,10 @@ def set_parameters(target: Mapping[str, pb.InferParameter], values: Mapping[str,
                     or not 0 < value < math.inf:
                 raise bad_request("timeout", f"must be a number of seconds in (0, 3600]; got "
                                   f"{json.dumps(value)}")
-            timeout_s = float(value)
-            target[name].int64_param = min(round(value * MICROSECONDS), INT64_MAX)
+            # Out-of-range timeouts are the server's to refuse; they only must fit on the way.
+            capped = min(value, INT64_MAX // MICROSECONDS)
+            timeout_s = float(capped)
+            target[name].int64_param = min(round(capped * MICROSECONDS), INT64_MAX)
         else:
             target[name].CopyFrom(to_parameter(name, value))
     return timeout_s

@@ -103,7 +103,7 @@ def generate_request_to_pb(document: object, stream: bool | None
     # best_of travels as n: every sequence comes back, and the best is chosen here. TGI's
     # generated text keeps the stop sequence that ended it.
     values.update(logprobs=True, include_stop_str_in_output=True)
-    request, deadline_s = generate_request("", inputs, values)
+    request, deadline_s = generate_request("", inputs, values, names=NAMES)
     return request, dataclasses.replace(options, deadline_s=deadline_s)
 
 

@@ -42,7 +42,7 @@ def generate_request_to_pb(document: object) -> tuple[sb.GenerateRequest, str, b
         values["do_sample"] = True
     if values.get("top_k") == -1:
         values["top_k"] = 0
-    request, deadline_s = generate_request("", prompt, values)
+    request, deadline_s = generate_request("", prompt, values, names=NAMES)
     return request, prompt, optional_bool(document, "stream"), deadline_s
 
 

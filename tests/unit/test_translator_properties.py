@@ -7,10 +7,9 @@
    key added) is refused, if at all, naming that field under the protocol's own name.
 3. Round trips: valid values come out in the protobuf request unchanged.
 
-Known bugs are pinned by strict xfail tests at the end (section "known bugs"). The
-properties leave out exactly the inputs that trigger them: the predicates `_crashes_*` and
-`_misnamed` name the triggers; each points at its regression test. Strings hold no lone
-surrogates (parse_json refuses them before any translator runs; Hypothesis' text has none).
+The inputs that once crashed a translator have regression tests at the end. Strings hold
+no lone surrogates: parse_json refuses them before any translator runs (Hypothesis' text
+has none either).
 """
 
 from __future__ import annotations
@@ -133,110 +132,6 @@ def decoded(request: object) -> dict[str, object]:
     return values
 
 
-def _beyond_64_bits(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) \
-        and not -INT64_MAX - 1 <= value <= UINT64_MAX
-
-
-def _refused_by_to_parameter(value: object) -> bool:
-    return isinstance(value, dict) or _beyond_64_bits(value)
-
-
-def _token_ids_overflow(value: object) -> bool:
-    """Bug 2: integer token ids outside uint32."""
-    return isinstance(value, list) and all(
-        isinstance(i, int) and not isinstance(i, bool) for i in value) \
-        and any(not 0 <= i <= UINT32_MAX for i in value)
-
-
-def _timeout_overflows(value: object) -> bool:
-    """Bug 3: a finite positive timeout whose microseconds overflow a float."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
-        return False
-    try:
-        return math.isinf(float(value) * MICROSECONDS)
-    except OverflowError:
-        return True
-
-
-def _object(value: object) -> dict[str, object]:
-    return value if isinstance(value, dict) else {}
-
-
-def _crashes_mindie(document: object, tokens: bool) -> bool:
-    """Bugs 2 and 3: /infer_token's ids, the timeout parameter."""
-    document = _object(document)
-    return (tokens and _token_ids_overflow(document.get("input_id"))) \
-        or _timeout_overflows(_object(document.get("parameters")).get("timeout"))
-
-
-def _crashes_completion(document: object) -> bool:
-    """Bug 2 in a prompt of token ids, or in one of a list of prompts."""
-    prompt = _object(document).get("prompt")
-    return _token_ids_overflow(prompt) or (
-        isinstance(prompt, list) and any(_token_ids_overflow(item) for item in prompt))
-
-
-def _crashes_triton(document: object) -> bool:
-    """Bug 3: the timeout, from `parameters` or else from the top level."""
-    document = _object(document)
-    parameters = _object(document.get("parameters"))
-    return _timeout_overflows(parameters["timeout"] if "timeout" in parameters
-                              else document.get("timeout"))
-
-
-def _beyond_a_double(value: object) -> bool:
-    """An integer that float() refuses (from about 1.8e308)."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        return False
-    try:
-        float(value)
-    except OverflowError:
-        return True
-    return False
-
-
-def _flat(data: object) -> list[object]:
-    if not isinstance(data, list):
-        return [data]
-    return [leaf for item in data for leaf in _flat(item)]
-
-
-def _crashes_kserve(document: object) -> bool:
-    """Bugs 3 and 4: the timeout, a shape beyond int64, float data beyond a double."""
-    document = _object(document)
-    if _timeout_overflows(_object(document.get("parameters")).get("timeout")):
-        return True
-    inputs = document.get("inputs")
-    for tensor in inputs if isinstance(inputs, list) else []:
-        tensor = _object(tensor)
-        shape = tensor.get("shape")
-        if isinstance(shape, list) and any(
-                isinstance(d, int) and not -INT64_MAX - 1 <= d <= INT64_MAX for d in shape):
-            return True
-        if tensor.get("datatype") in ("FP16", "FP32", "FP64") and any(
-                _beyond_a_double(v) for v in _flat(tensor.get("data"))):
-            return True
-    return False
-
-
-# Bug 7: values that only to_parameter refuses, of fields the protocol renames, are refused
-# under MindIE's name.
-MISNAMED: dict[str, dict[str, Callable[[object], bool]]] = {
-    "tgi": {"best_of": _beyond_64_bits, "top_n_tokens": _beyond_64_bits},
-    "chat": {"max_tokens": _beyond_64_bits, "max_completion_tokens": _beyond_64_bits,
-             "min_tokens": _refused_by_to_parameter},
-    "completion": {"max_tokens": _beyond_64_bits, "min_tokens": _refused_by_to_parameter,
-                   "logprobs": _refused_by_to_parameter},
-    "vllm": {"max_tokens": _refused_by_to_parameter, "min_tokens": _refused_by_to_parameter},
-}
-
-
-def _misnamed(protocol: str, name: str, value: object) -> bool:
-    predicate = MISNAMED[protocol].get(name)
-    return predicate is not None and predicate(value)
-
-
 # --- the valid bodies are valid -------------------------------------------------------------
 
 @pytest.mark.parametrize(("translate", "args"), [
@@ -274,7 +169,6 @@ def test_openai_chat_is_total(document: object) -> None:
 @PROPERTY
 @given(document=documents(COMPLETION_BODY, (openai.COMPLETION_FIELDS, ())))
 def test_openai_completion_is_total(document: object) -> None:
-    assume(not _crashes_completion(document))
     outcome(openai.completion_request_to_pb, document)
 
 
@@ -290,7 +184,6 @@ def test_mindie_infer_is_total(data: st.DataObject, tokens: bool) -> None:
     body = MINDIE_TOKEN_BODY if tokens else MINDIE_BODY
     document = data.draw(documents(body, (MINDIE_KNOWN, ("parameters",)),
                                    ({"inputs", "input_id", "stream", "id", "parameters"}, ())))
-    assume(not _crashes_mindie(document, tokens))
     outcome(mindie.infer_request_to_pb, document, tokens)
 
 
@@ -304,7 +197,6 @@ def test_mindie_tokenize_is_total(document: object) -> None:
 @given(document=documents(TRITON_BODY, (MINDIE_KNOWN | {"perf_stat"}, ("parameters",)),
                           (MINDIE_KNOWN | {"id", "text_input", "parameters", "perf_stat"}, ())))
 def test_triton_generate_is_total(document: object) -> None:
-    assume(not _crashes_triton(document))
     outcome(triton.generate_request_to_pb, "m", "", document)
 
 
@@ -320,7 +212,6 @@ def test_triton_generate_is_total(document: object) -> None:
        binary=st.binary(max_size=8))
 def test_kserve_infer_is_total(document: object, binary: bytes) -> None:
     """Numeric data beyond a datatype's range (1e300 as FP16) becomes inf, as numpy casts."""
-    assume(not _crashes_kserve(document))
     outcome(kserve.infer_request_to_pb, "m", "", document, binary)
 
 
@@ -367,7 +258,7 @@ def test_health_timeout_is_an_integer_in_range_or_a_404(seconds: str | None) -> 
 def test_tgi_refusals_name_the_parameter(case: tuple[dict[str, object], str],
                                          stream: bool) -> None:
     document, name = case
-    assume(name and not _misnamed("tgi", name, document["parameters"][name]))
+    assume(name)
     error = outcome(tgi.generate_request_to_pb, document, stream)
     assert_names(error, name)
     if name not in TGI_PARAMETERS:
@@ -378,7 +269,7 @@ def test_tgi_refusals_name_the_parameter(case: tuple[dict[str, object], str],
 @given(case=near_valid(CHAT_BODY, openai.CHAT_FIELDS))
 def test_openai_chat_refusals_name_the_field(case: tuple[dict[str, object], str]) -> None:
     document, name = case
-    assume(name and not _misnamed("chat", name, document[name]))
+    assume(name)
     error = outcome(openai.chat_request_to_pb, document)
     assert_names(error, name)
     if name not in openai.CHAT_FIELDS:
@@ -391,7 +282,7 @@ def test_openai_chat_refusals_name_the_field(case: tuple[dict[str, object], str]
 @given(case=near_valid(COMPLETION_BODY, openai.COMPLETION_FIELDS - {"prompt"}))
 def test_openai_completion_refusals_name_the_field(case: tuple[dict[str, object], str]) -> None:
     document, name = case
-    assume(name and not _misnamed("completion", name, document[name]))
+    assume(name)
     error = outcome(openai.completion_request_to_pb, document)
     assert_names(error, name)
     if name not in openai.COMPLETION_FIELDS:
@@ -402,7 +293,7 @@ def test_openai_completion_refusals_name_the_field(case: tuple[dict[str, object]
 @given(case=near_valid(VLLM_BODY, vllm.SAMPLING_FIELDS | {"prompt", "stream"}))
 def test_vllm_refusals_name_the_field(case: tuple[dict[str, object], str]) -> None:
     document, name = case
-    assume(name and not _misnamed("vllm", name, document[name]))
+    assume(name)
     error = outcome(vllm.generate_request_to_pb, document)
     assert_names(error, name)
     if name not in vllm.SAMPLING_FIELDS | {"prompt", "stream"}:
@@ -415,7 +306,7 @@ def test_vllm_refusals_name_the_field(case: tuple[dict[str, object], str]) -> No
 def test_mindie_refusals_name_the_field(case: tuple[dict[str, object], str]) -> None:
     """Parameters travel under their own names: unknown ones are the server's to refuse."""
     document, name = case
-    assume(name and name != "parameters" and not _crashes_mindie(document, False))
+    assume(name and name != "parameters")
     assert_names(outcome(mindie.infer_request_to_pb, document, False), name)
 
 
@@ -582,53 +473,43 @@ def test_kserve_bytes_data_round_trips(values: list[str]) -> None:
     assert deserialize_bytes(request.raw_input_contents[0]) == [v.encode() for v in values]
 
 
-# --- known bugs -----------------------------------------------------------------------------
-# Bugs 2-4: a body parse_json accepts raises something other than RequestError, which the
-# gateway answers with 500 "internal error" where a 4xx is due (1, 5 and 6 are fixed: their
-# tests stand as regressions).
-# Bug 7: a refusal names a field the client never sent.
+# --- regressions ------------------------------------------------------------------------------
+# Inputs that once raised something other than RequestError (a 500 where a 4xx is due), or
+# were refused under a field name the client never sent.
 
-TOKEN_IDS = pytest.mark.xfail(strict=True, raises=ValueError, reason=(
-    "bug 2: token ids outside uint32 reach TokenIds.ids and protobuf raises ValueError"))
-TIMEOUT = pytest.mark.xfail(strict=True, raises=OverflowError, reason=(
-    "bug 3: set_parameters' timeout check (0 < t < inf) lets finite timeouts through whose "
-    "microseconds overflow: round(inf) or float(int) raises OverflowError"))
-KSERVE_RANGES = pytest.mark.xfail(strict=True, raises=(ValueError, OverflowError), reason=(
-    "bug 4: kserve accepts any integer shape and any integer as float data; protobuf (int64 "
-    "shape) or numpy (float conversion) raises"))
+@pytest.mark.parametrize(("translate", "args", "field"), [
+    (mindie.infer_request_to_pb, ({"input_id": [-1]}, True), "input_id"),
+    (mindie.infer_request_to_pb, ({"input_id": [2**32]}, True), "input_id"),
+    (openai.completion_request_to_pb, ({"prompt": [[1], [-1]]},), "prompt"),
+    (kserve.infer_request_to_pb, ("m", "", {"inputs": [
+        {"name": "x", "datatype": "INT32", "shape": [2**63], "data": [1]}]}, b""), "x.shape"),
+    (kserve.infer_request_to_pb, ("m", "", {"inputs": [
+        {"name": "x", "datatype": "FP32", "shape": [1], "data": [10**400]}]}, b""), "x"),
+], ids=["mindie-input_id-negative", "mindie-input_id-2**32", "completion-prompt-ids",
+        "kserve-shape-2**63", "kserve-fp32-10**400"])
+def test_values_beyond_the_wire_types_are_a_400_naming_the_field(
+        translate: Callable[..., object], args: tuple[object, ...], field: str) -> None:
+    error = outcome(translate, *args)
+    assert error is not None and (error.status, error.field) == (400, field)
 
 
 @pytest.mark.parametrize(("translate", "args"), [
-    pytest.param(mindie.infer_request_to_pb, ({"input_id": [-1]}, True),
-                 marks=TOKEN_IDS, id="mindie-input_id-negative"),
-    pytest.param(mindie.infer_request_to_pb, ({"input_id": [2**32]}, True),
-                 marks=TOKEN_IDS, id="mindie-input_id-2**32"),
-    pytest.param(openai.completion_request_to_pb, ({"prompt": [[1], [-1]]},),
-                 marks=TOKEN_IDS, id="completion-prompt-ids"),
-    pytest.param(mindie.infer_request_to_pb, ({"inputs": "x", "parameters": {"timeout": 1e303}},
-                                              False), marks=TIMEOUT, id="mindie-timeout-1e303"),
-    pytest.param(mindie.infer_request_to_pb,
-                 ({"inputs": "x", "parameters": {"timeout": 10**400}}, False),
-                 marks=TIMEOUT, id="mindie-timeout-10**400"),
-    pytest.param(triton.generate_request_to_pb, ("m", "", {"text_input": "x", "timeout": 1e303}),
-                 marks=TIMEOUT, id="triton-timeout"),
-    pytest.param(kserve.infer_request_to_pb, ("m", "", {**KSERVE_BODY,
-                                                        "parameters": {"timeout": 1e303}}, b""),
-                 marks=TIMEOUT, id="kserve-timeout"),
-    pytest.param(kserve.infer_request_to_pb, ("m", "", {"inputs": [
-        {"name": "x", "datatype": "INT32", "shape": [2**63], "data": [1]}]}, b""),
-                 marks=KSERVE_RANGES, id="kserve-shape-2**63"),
-    pytest.param(kserve.infer_request_to_pb, ("m", "", {"inputs": [
-        {"name": "x", "datatype": "FP32", "shape": [1], "data": [10**400]}]}, b""),
-                 marks=KSERVE_RANGES, id="kserve-fp32-10**400"),
-])
-def test_known_crash_is_a_400(translate: Callable[..., object], args: tuple[object, ...]) -> None:
-    error = outcome(translate, *args)
-    assert error is not None and error.status == 400
+    (mindie.infer_request_to_pb, ({"inputs": "x", "parameters": {"timeout": 1e303}}, False)),
+    (mindie.infer_request_to_pb, ({"inputs": "x", "parameters": {"timeout": 10**400}}, False)),
+    (triton.generate_request_to_pb, ("m", "", {"text_input": "x", "timeout": 1e303})),
+    (kserve.infer_request_to_pb, ("m", "", {**KSERVE_BODY, "parameters": {"timeout": 1e303}},
+                                  b"")),
+], ids=["mindie-1e303", "mindie-10**400", "triton-1e303", "kserve-1e303"])
+def test_a_huge_timeout_travels_capped_for_the_server_to_refuse(
+        translate: Callable[..., object], args: tuple[object, ...]) -> None:
+    """The server owns the range (0, 3600]; on the way the value must only fit an int64."""
+    assert outcome(translate, *args) is None
+    request = translate(*args)[0]
+    assert request.parameters["timeout"].int64_param == INT64_MAX // MICROSECONDS * MICROSECONDS
 
 
 def test_parse_json_refuses_a_lone_surrogate() -> None:
-    """Bug 1, fixed where every body enters: no translator sees such a string."""
+    """Refused where every body enters: no translator sees such a string."""
     assert outcome(kserve.parse_json, b'{"inputs": "\\ud800"}').status == 400
     assert kserve.parse_json('{"inputs": "\\ud83d\\ude00"}'.encode()) == {"inputs": "\U0001f600"}
 
@@ -656,9 +537,6 @@ def test_health_timeout_of_4301_digits_is_a_404() -> None:
     (vllm.generate_request_to_pb, {"prompt": "x", "max_tokens": {}}, "max_tokens"),
 ], ids=["tgi-best_of", "tgi-top_n_tokens", "chat-max_tokens", "chat-min_tokens",
         "completion-logprobs", "vllm-max_tokens"])
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "bug 7: a renamed field's value refused by to_parameter is refused under MindIE's name "
-    "(n, top_logprobs, max_new_tokens, min_new_tokens), which the client never sent"))
 def test_renamed_field_is_refused_under_the_protocols_name(
         translate: Callable[[object], object], document: dict[str, object], field: str) -> None:
     error = outcome(translate, document)
