@@ -11,7 +11,7 @@ TORCH_VERSION ?= 2.13.0
 INSTALLED := $(VENV)/.installed
 ARGS ?=
 
-.PHONY: install proto certs run test bench clean
+.PHONY: install proto certs run test bench soak clean
 
 install: $(INSTALLED)
 
@@ -49,6 +49,10 @@ test: install
 
 bench: $(VENV)/.bench-installed
 	$(PY) -m bench $(ARGS)
+
+# Mixed traffic against a real server and gateway (10 minutes; ARGS="--duration 120" for less).
+soak: install
+	$(PY) -m bench.soak $(ARGS)
 
 $(VENV)/.bench-installed: $(INSTALLED)
 	$(PIP) install --quiet -e '.[test,bench]'

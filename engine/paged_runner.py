@@ -122,9 +122,11 @@ class PagedRunner:
         self._final_norm = RMSNorm(model.model.norm)
         self._layers = [self._fuse(layer) for layer in model.model.layers]
         shape = (len(self._layers), num_blocks * block_size, self._num_kv_heads, self._head_dim)
-        # torch.empty: pages become resident only as blocks are first written.
-        self._k_cache = torch.empty(shape, dtype=dtype, device=device)
-        self._v_cache = torch.empty(shape, dtype=dtype, device=device)
+        # Zeroed, hence resident from the start, as the operator sized it: a pool whose pages
+        # became resident as blocks were first written would make memory creep up for
+        # minutes under load, which monitoring cannot tell from a leak.
+        self._k_cache = torch.zeros(shape, dtype=dtype, device=device)
+        self._v_cache = torch.zeros(shape, dtype=dtype, device=device)
 
     @staticmethod
     def _fuse(layer: nn.Module) -> _Layer:

@@ -85,10 +85,17 @@ class ChildProcess:
 
     def peak_rss_bytes(self) -> int:
         """VmHWM: the most resident memory the process has had."""
+        return self._memory("VmHWM")
+
+    def rss_bytes(self) -> int:
+        """VmRSS: the resident memory now."""
+        return self._memory("VmRSS")
+
+    def _memory(self, field: str) -> int:
         for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) * 1024
-        raise RuntimeError("no VmHWM in /proc/<pid>/status")
+        raise RuntimeError(f"no {field} in /proc/<pid>/status")
 
     def _drain(self) -> None:
         assert self.process.stdout is not None
