@@ -18,6 +18,7 @@ import tornado.web
 
 from gateway import generation_handlers as generation
 from gateway import management_handlers as management
+from gateway import openapi
 from gateway import triton_handlers as triton
 from gateway.config import GatewayConfig, Plane, PlaneConfig
 from gateway.handler import Handler, NotFoundHandler, Services
@@ -56,6 +57,7 @@ ROUTES: dict[Plane, list[tuple[str, type[tornado.web.RequestHandler], str]]] = {
         (r"/infer", generation.MindIEHandler, "mindie_infer"),
         (r"/infer_token", generation.MindIETokenHandler, "mindie_infer_token"),
         (r"/v1/tokenizer", generation.TokenizerHandler, "mindie_tokenizer"),
+        (r"/openapi\.json", openapi.OpenAPIHandler, "openapi"),
     ],
     Plane.MANAGEMENT: [
         *HEALTH_ROUTES,

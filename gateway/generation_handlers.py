@@ -70,9 +70,6 @@ class TgiHandler(GenerationHandler):
     def error_body(self, status: int, message: str) -> object:
         return tgi.error_body(status, message)
 
-    async def post(self) -> None:
-        await self.generate_tgi(parse_json(self.body))
-
     async def health(self) -> None:
         """TGI's and vLLM's probe: 200 with an empty body when the model is ready, else 503."""
         response = await self.track(self.upstream.inference.ServerReady(
@@ -98,11 +95,16 @@ class TgiHandler(GenerationHandler):
         self.write_json([reply] if self.compat else reply)
 
 
-class TgiStreamHandler(TgiHandler):
+class TgiGenerateHandler(TgiHandler):
+    async def post(self) -> None:
+        await self.generate_tgi(parse_json(self.body))
+
+
+class TgiStreamHandler(TgiGenerateHandler):
     stream = True
 
 
-class TgiCompatHandler(TgiHandler):
+class TgiCompatHandler(TgiGenerateHandler):
     """POST /: TGI's compat route; GET /: its health probe."""
 
     stream = None
@@ -129,7 +131,7 @@ class SharedGenerateHandler(TgiHandler):
                 generation.add(response)
                 return [vllm.stream_line(generation, prompt)]
 
-            await self.relay(call, render, content_type="application/json",
+            await self.relay(call, render, content_type=vllm.STREAM_CONTENT_TYPE,
                              error_event=vllm.stream_error)
             return
         async for response in call:

@@ -55,6 +55,9 @@ def infer_request_to_pb(document: object, tokens: bool
         raise bad_request("skip_special_tokens", "only true is supported: special tokens never "
                           "appear in text")
     parameters.pop("skip_special_tokens", None)
+    for name in ("n", "best_of"):
+        if parameters.get(name) not in (None, 1):
+            raise bad_request(name, "MindIE's native routes generate one sequence: must be 1")
     details = optional_bool(parameters, "details")
     request, deadline_s = generate_request("", prompt, parameters,
                                            optional_string(document, "id"),

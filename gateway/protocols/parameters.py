@@ -15,6 +15,7 @@ INT64_MAX = 2**63 - 1
 UINT64_MAX = 2**64 - 1
 UINT32_MAX = 2**32 - 1
 DEFAULT_TIMEOUT_S = 600.0
+MAX_DEADLINE_S = 3600.0  # the longest timeout the server accepts
 MICROSECONDS = 1_000_000
 PRIORITY_RANGE = range(1, 6)
 
@@ -56,9 +57,10 @@ def set_parameters(target: Mapping[str, pb.InferParameter], values: Mapping[str,
                     or not 0 < value < math.inf:
                 raise bad_request("timeout", f"must be a number of seconds in (0, 3600]; got "
                                   f"{json.dumps(value)}")
-            # Out-of-range timeouts are the server's to refuse; they only must fit on the way.
+            # Out-of-range timeouts are the server's to refuse; they only must fit on the way,
+            # and the call's deadline must stay within what gRPC's clock can hold.
             capped = min(value, INT64_MAX // MICROSECONDS)
-            timeout_s = float(capped)
+            timeout_s = float(min(capped, MAX_DEADLINE_S))
             target[name].int64_param = min(round(capped * MICROSECONDS), INT64_MAX)
         else:
             target[name].CopyFrom(to_parameter(name, value))

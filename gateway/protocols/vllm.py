@@ -17,6 +17,9 @@ from proto import switchboard_pb2 as sb
 
 DEFAULT_MAX_TOKENS = 16  # vLLM's SamplingParams default
 DELIMITER = b"\0"
+# JSON objects each followed by a NUL byte is no JSON document: vLLM's demo server sends no
+# content type for it; this says "bytes" rather than claiming JSON.
+STREAM_CONTENT_TYPE = "application/octet-stream"
 NAMES = {"max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens"}
 SAMPLING_FIELDS = frozenset({"n", "best_of", "presence_penalty", "frequency_penalty",
                              "repetition_penalty", "temperature", "top_p", "top_k", "seed", "stop",

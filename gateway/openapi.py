@@ -1,0 +1,636 @@
+"""The gateway's OpenAPI 3.0.3 description, served at GET /openapi.json on the business plane.
+
+Why: clients and fuzzers (schemathesis, in the test suite) need one machine-readable contract
+of every REST route: its path parameters, the JSON body its translator accepts (the real field
+names, types and ranges: the gRPC table's for the Triton family and MindIE, each protocol's
+own for TGI, vLLM and OpenAI), its 200 reply, and its errors in its protocol's own shape.
+
+The document is built from the routes a server actually serves (`served_routes`: one server
+serves every plane that shares its port), so it never lists a route that answers 404 there.
+Paths come from the route patterns themselves (an optional group such as `/versions/{version}`
+gives two paths); each operation is tagged with its plane(s) and its protocol. What each route
+accepts and answers is in OPERATIONS (by route name and method); its error shape follows its
+handler's class. Optional request fields accept null, meaning absent, as every translator reads
+them, except where noted.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.metadata
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Any, NamedTuple
+
+import grpc
+import tornado.routing
+import tornado.web
+
+from gateway import generation_handlers as generation
+from gateway import management_handlers as management
+from gateway.errors import KSERVE_HTTP_STATUS
+from gateway.handler import Handler
+from gateway.protocols import mindie, openai, tgi
+from gateway.sse import CONTENT_TYPE as SSE_CONTENT_TYPE
+
+JSON = dict[str, Any]
+INT32_MAX = 2**31 - 1
+UINT32_MAX = 2**32 - 1
+UINT64_MAX = 2**64 - 1
+MAX_SEQUENCES = 128
+MAX_TOP_LOGPROBS = 20
+MAX_STOP_SEQUENCES = 16
+MAX_TIMEOUT_S = 3600
+MAX_HEALTH_TIMEOUT_S = 600
+
+
+# --- JSON Schema helpers --------------------------------------------------------------------
+
+def ref(name: str) -> JSON:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def integer(low: int | None = None, high: int | None = None) -> JSON:
+    schema: JSON = {"type": "integer"}
+    if low is not None:
+        schema["minimum"] = low
+    if high is not None:
+        schema["maximum"] = high
+    return schema
+
+
+def number(low: float | None = None, high: float | None = None, *,
+           low_open: bool = False) -> JSON:
+    schema: JSON = {"type": "number"}
+    if low is not None:
+        schema["minimum"] = low
+        if low_open:
+            schema["exclusiveMinimum"] = True
+    if high is not None:
+        schema["maximum"] = high
+    return schema
+
+
+def array(items: JSON, **limits: int) -> JSON:
+    return {"type": "array", "items": items, **limits}
+
+
+def obj(properties: Mapping[str, JSON], required: Iterable[str] = (), *,
+        closed: bool = False) -> JSON:
+    """An object; `closed`: other keys are refused (by the gateway or the server)."""
+    schema: JSON = {"type": "object", "properties": dict(properties)}
+    if required := list(required):
+        schema["required"] = required
+    if closed:
+        schema["additionalProperties"] = False
+    return schema
+
+
+def nullable(schema: JSON) -> JSON:
+    """`schema` or null. OpenAPI 3.0's `nullable` works beside a `type` only (and a $ref has
+    no siblings): other schemas get null as one more alternative."""
+    if "type" in schema:
+        return {**schema, "nullable": True}
+    alternatives = schema["oneOf"] if set(schema) == {"oneOf"} else [schema]
+    return {"oneOf": [*alternatives, NULL]}
+
+
+def optional(properties: Mapping[str, JSON]) -> dict[str, JSON]:
+    """Optional fields: null is absent."""
+    return {name: nullable(schema) for name, schema in properties.items()}
+
+
+def only(value: object, schema: JSON) -> JSON:
+    """A field whose one accepted value is `value` (others are refused as unsupported)."""
+    return {**schema, "enum": [value]}
+
+
+# Null alone (OpenAPI 3.0 has no null type).
+NULL: JSON = {"type": "object", "nullable": True, "enum": [None]}
+BOOLEAN: JSON = {"type": "boolean"}
+STRING: JSON = {"type": "string"}
+TEXT: JSON = {"type": "string", "minLength": 1}
+# MindIE's rule for a request id.
+REQUEST_ID: JSON = {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,256}$"}
+TOKEN_ID = integer(0, UINT32_MAX)
+POSITIVE = number(0, low_open=True)
+PROBABILITY = number(0, 1, low_open=True)
+PENALTY = number(-2, 2)
+SEED = integer(1, UINT64_MAX)
+MAX_NEW_TOKENS = integer(1, INT32_MAX)
+MIN_NEW_TOKENS = integer(0, INT32_MAX)
+TOP_K = integer(0, INT32_MAX)
+SEQUENCES = integer(1, MAX_SEQUENCES)
+TOP_LOGPROBS = integer(0, MAX_TOP_LOGPROBS)
+STOP: JSON = {"oneOf": [TEXT, array(TEXT, maxItems=MAX_STOP_SEQUENCES)]}
+# Before OpenAPI 3.2, an event stream's schema describes each event.
+SSE: JSON = {SSE_CONTENT_TYPE.split(";")[0]: {"schema": obj({"data": STRING, "event": STRING},
+                                                          ["data"])}}
+
+
+# --- request bodies -------------------------------------------------------------------------
+
+# The request parameters of the Triton family and MindIE (README, "Request parameters"), with
+# MindIE's REST units: priority 1-5, timeout in seconds.
+PARAMETERS: dict[str, JSON] = {
+    "do_sample": BOOLEAN, "temperature": POSITIVE, "top_k": TOP_K, "top_p": PROBABILITY,
+    "typical_p": PROBABILITY, "repetition_penalty": POSITIVE, "presence_penalty": PENALTY,
+    "frequency_penalty": PENALTY, "seed": SEED, "max_new_tokens": MAX_NEW_TOKENS,
+    "min_new_tokens": MIN_NEW_TOKENS, "ignore_eos": BOOLEAN, "stop": STOP,
+    "stop_token_ids": array(TOKEN_ID), "priority": integer(1, 5),
+    "timeout": number(0, MAX_TIMEOUT_S, low_open=True), "watermark": only(False, BOOLEAN),
+    "details": BOOLEAN, "perf_stat": BOOLEAN, "batch_size": integer(0),
+}
+TGI_PARAMETERS: dict[str, JSON] = {
+    "best_of": SEQUENCES, "decoder_input_details": BOOLEAN, "details": BOOLEAN,
+    "do_sample": BOOLEAN, "max_new_tokens": MAX_NEW_TOKENS, "repetition_penalty": POSITIVE,
+    "frequency_penalty": PENALTY, "return_full_text": BOOLEAN, "seed": SEED, "stop": STOP,
+    "temperature": POSITIVE, "top_k": TOP_K, "top_p": PROBABILITY,
+    "truncate": integer(1, INT32_MAX), "typical_p": PROBABILITY,
+    "watermark": only(False, BOOLEAN), "top_n_tokens": TOP_LOGPROBS,
+    # Refused unless null.
+    "grammar": only(None, {"type": "object"}), "adapter_id": only(None, STRING),
+}
+# OpenAI's sampling fields and vLLM's extras; temperature 0 is greedy.
+OPENAI_SAMPLING: dict[str, JSON] = {
+    "temperature": number(0), "top_p": PROBABILITY, "n": SEQUENCES, "stop": STOP,
+    "seed": SEED, "presence_penalty": PENALTY, "frequency_penalty": PENALTY, "top_k": TOP_K,
+    "repetition_penalty": POSITIVE, "min_tokens": MIN_NEW_TOKENS, "ignore_eos": BOOLEAN,
+    "stop_token_ids": array(TOKEN_ID),
+}
+OPENAI_COMMON: dict[str, JSON] = {
+    **OPENAI_SAMPLING, "model": STRING, "max_tokens": MAX_NEW_TOKENS, "stream": BOOLEAN,
+    "stream_options": obj({"include_usage": nullable(BOOLEAN)}),
+    "logit_bias": {"type": "object", "maxProperties": 0},
+    # Accepted, without effect.
+    "user": STRING, "store": BOOLEAN, "metadata": {"type": "object"}, "service_tier": STRING,
+    "parallel_tool_calls": BOOLEAN,
+}
+TEXT_PART = obj({"type": only("text", STRING), "text": STRING}, ["type", "text"])
+MESSAGE = obj({"role": {"type": "string",
+                        "enum": ["system", "developer", "user", "assistant", "tool"]},
+               "content": nullable({"oneOf": [STRING, array(TEXT_PART)]})}, ["role"])
+# A prompt: at least one token.
+PROMPT = TEXT
+PROMPT_IDS = array(TOKEN_ID, minItems=1)
+# KServe v2 tensors in JSON (the binary extension's `binary_data_size` needs a binary body).
+TOKEN_IDS_INPUT = obj({"name": only("input0", STRING), "datatype": only("UINT32", STRING),
+                       "shape": array(integer(1), minItems=1, maxItems=2), "data": PROMPT_IDS},
+                      ["name", "datatype", "shape", "data"], closed=True)
+TEXT_INPUT = obj({"name": only("text_input", STRING), "datatype": only("BYTES", STRING),
+                  "shape": array(only(1, integer()), minItems=1, maxItems=1),
+                  "data": array(PROMPT, minItems=1, maxItems=1)},
+                 ["name", "datatype", "shape", "data"], closed=True)
+
+REQUESTS: dict[str, JSON] = {
+    "Parameters": obj(optional(PARAMETERS), closed=True),
+    "InferRequest": obj({
+        "id": nullable(REQUEST_ID),
+        # Not null: binary_data_output, outputs and the tensors' fields.
+        "parameters": nullable(obj({**optional(PARAMETERS), "binary_data_output": BOOLEAN},
+                                   closed=True)),
+        "inputs": array({"oneOf": [TOKEN_IDS_INPUT, TEXT_INPUT]}, minItems=1, maxItems=1),
+        # The input's output: output0 for input0, text_output for text_input.
+        "outputs": array(obj({"name": {"type": "string", "enum": ["output0", "text_output"]},
+                              "parameters": obj({"binary_data": BOOLEAN}, closed=True)},
+                             ["name"], closed=True), maxItems=1),
+    }, ["inputs"], closed=True),
+    # Triton's generate extension: top-level fields other than these are parameters too.
+    "GenerateRequest": obj({"id": nullable(REQUEST_ID), "text_input": PROMPT,
+                            "parameters": nullable(ref("Parameters")), **optional(PARAMETERS)},
+                           ["text_input"], closed=True),
+    "StopInferRequest": obj({"id": REQUEST_ID}, ["id"]),
+    "TgiParameters": obj(optional(TGI_PARAMETERS), closed=True),
+    # `stream` is read by POST / only.
+    "TgiRequest": obj({"inputs": PROMPT, "parameters": nullable(ref("TgiParameters")),
+                       "stream": nullable(BOOLEAN)}, ["inputs"]),
+    "VllmRequest": obj({"prompt": PROMPT, **optional({
+        "stream": BOOLEAN, "best_of": SEQUENCES, "top_k": integer(-1, INT32_MAX),
+        "max_tokens": MAX_NEW_TOKENS, **{name: OPENAI_SAMPLING[name] for name in (
+            "n", "presence_penalty", "frequency_penalty", "repetition_penalty", "temperature",
+            "top_p", "seed", "stop", "stop_token_ids", "ignore_eos", "min_tokens")}})},
+        ["prompt"], closed=True),
+    "ChatCompletionRequest": obj({
+        **optional(OPENAI_COMMON), "messages": array(MESSAGE, minItems=1),
+        **optional({"max_completion_tokens": MAX_NEW_TOKENS, "logprobs": BOOLEAN,
+                    "top_logprobs": TOP_LOGPROBS, "tools": array({}, maxItems=0),
+                    "tool_choice": only("none", STRING),
+                    "response_format": obj({"type": only("text", STRING)}, ["type"],
+                                           closed=True)}),
+    }, ["messages"], closed=True),
+    "CompletionRequest": obj({
+        **optional(OPENAI_COMMON),
+        "prompt": {"oneOf": [PROMPT, array(PROMPT, minItems=1), PROMPT_IDS,
+                             array(PROMPT_IDS, minItems=1)]},
+        **optional({"logprobs": TOP_LOGPROBS, "echo": BOOLEAN, "best_of": SEQUENCES}),
+    }, ["prompt"], closed=True),
+    "MindIEParameters": obj(optional({
+        **PARAMETERS, "include_stop_str_in_output": BOOLEAN,
+        "skip_special_tokens": only(True, BOOLEAN)}), closed=True),
+    "MindIEInferRequest": obj({"inputs": PROMPT, "id": nullable(REQUEST_ID),
+                               "stream": nullable(BOOLEAN),
+                               "parameters": nullable(ref("MindIEParameters"))}, ["inputs"]),
+    "MindIEInferTokenRequest": obj({"input_id": PROMPT_IDS, "id": nullable(REQUEST_ID),
+                                    "stream": nullable(BOOLEAN),
+                                    "parameters": nullable(ref("MindIEParameters"))},
+                                   ["input_id"]),
+    "TokenizerRequest": obj({"inputs": STRING, "do_decode": nullable(BOOLEAN)}, ["inputs"]),
+}
+
+
+# --- replies ----------------------------------------------------------------------------------
+
+def counts(*names: str) -> dict[str, JSON]:
+    return {name: integer(0) for name in names}
+
+
+TGI_TOKEN = obj({"id": integer(0), "text": STRING, "logprob": nullable(number()),
+                 "special": BOOLEAN}, ["id", "text", "logprob", "special"])
+TGI_DETAILS = obj({
+    "finish_reason": STRING, **counts("generated_tokens", "prompt_tokens"), "seed": integer(0),
+    "prefill": array(obj({"id": integer(0), "text": STRING, "logprob": nullable(number())})),
+    "tokens": array(TGI_TOKEN), "top_tokens": array(array(TGI_TOKEN)),
+    "best_of_sequences": array({"type": "object"}),
+}, ["finish_reason", "generated_tokens", "seed", "prompt_tokens", "prefill", "tokens"])
+OPENAI_HEADER: dict[str, JSON] = {"id": STRING, "object": STRING, "created": integer(0),
+                                  "model": STRING}
+OPENAI_CHOICE: dict[str, JSON] = {"index": integer(0), "logprobs": nullable({"type": "object"}),
+                                  "finish_reason": STRING}
+USAGE = obj({**counts("prompt_tokens", "completion_tokens", "total_tokens"),
+             "prompt_tokens_details": obj(counts("cached_tokens"))},
+            ["prompt_tokens", "completion_tokens", "total_tokens"])
+TENSOR_METADATA = obj({"name": STRING, "datatype": STRING, "shape": array(integer())},
+                      ["name", "datatype", "shape"])
+MINDIE_DETAILS = obj({"finish_reason": STRING, **counts("generated_tokens"), "seed": integer(0)},
+                     ["finish_reason", "generated_tokens", "seed"])
+MINDIE_REPLY: dict[str, JSON] = {"generated_text": STRING, "details": MINDIE_DETAILS}
+
+REPLIES: dict[str, JSON] = {
+    "ServerMetadata": obj({"name": STRING, "version": STRING, "extensions": array(STRING)},
+                          ["name", "version", "extensions"]),
+    "ModelMetadata": obj({"name": STRING, "versions": array(STRING), "platform": STRING,
+                          "inputs": array(TENSOR_METADATA), "outputs": array(TENSOR_METADATA)},
+                         ["name", "versions", "platform", "inputs", "outputs"]),
+    "ModelConfig": obj({"name": STRING}, ["name"]),
+    "InferResponse": obj({
+        "model_name": STRING, "model_version": STRING, "id": STRING,
+        "parameters": {"type": "object"},
+        "outputs": array(obj({**TENSOR_METADATA["properties"], "data": {"type": "array"},
+                              "parameters": obj(counts("binary_data_size"))},
+                             ["name", "datatype", "shape"])),
+    }, ["model_name", "model_version", "outputs"]),
+    "GenerateResponse": obj({
+        "id": STRING, "model_name": STRING, "model_version": STRING, "text_output": STRING,
+        "details": obj({**counts("generated_tokens"), "finish_reason": STRING,
+                        "first_token_cost": nullable(number(0)),
+                        "decode_cost": nullable(number(0)),
+                        "perf_stat": array(array(number(), minItems=2, maxItems=2))},
+                       ["generated_tokens", "first_token_cost", "decode_cost"]),
+    }, ["id", "model_name", "model_version", "text_output"]),
+    "StopInferResponse": obj({"id": STRING, **counts("num_stopped")}, ["id", "num_stopped"]),
+    "SlotCount": obj(counts("total_slots", "free_slots", "available_tokens_length"),
+                     ["total_slots", "free_slots", "available_tokens_length"]),
+    "TgiResponse": obj({"generated_text": STRING, "details": TGI_DETAILS}, ["generated_text"]),
+    "TgiInfo": obj({"model_id": STRING, "version": STRING, "router": STRING,
+                    **{name: nullable(integer(0)) for name in (
+                        "max_best_of", "max_stop_sequences", "max_input_length",
+                        "max_input_tokens", "max_total_tokens", "max_client_batch_size")}},
+                   ["model_id", "version"]),
+    "VllmResponse": obj({"text": array(STRING)}, ["text"]),
+    "Model": obj({"id": STRING, "object": only("model", STRING), "created": integer(0),
+                  "owned_by": STRING}, ["id", "object", "created", "owned_by"]),
+    "ModelList": obj({"object": only("list", STRING), "data": array(ref("Model"))},
+                     ["object", "data"]),
+    "ChatCompletion": obj({
+        **OPENAI_HEADER, "object": only("chat.completion", STRING), "usage": USAGE,
+        "choices": array(obj({**OPENAI_CHOICE, "message": obj(
+            {"role": only("assistant", STRING), "content": STRING}, ["role", "content"])},
+            ["index", "message", "finish_reason"])),
+    }, ["id", "object", "created", "model", "choices", "usage"]),
+    "TextCompletion": obj({
+        **OPENAI_HEADER, "object": only("text_completion", STRING), "usage": USAGE,
+        "choices": array(obj({**OPENAI_CHOICE, "text": STRING},
+                             ["index", "text", "finish_reason"])),
+    }, ["id", "object", "created", "model", "choices", "usage"]),
+    "MindIEResponse": obj(MINDIE_REPLY, ["generated_text"]),
+    "MindIETokenResponse": obj({**MINDIE_REPLY, "generated_token_ids": array(integer(0))},
+                               ["generated_text", "generated_token_ids"]),
+    "TokenizerResponse": obj({**counts("token_number"),
+                              "tokens": array({"oneOf": [integer(0), STRING]})},
+                             ["token_number", "tokens"]),
+    "HealthTimed": obj({"status": only("healthy", STRING)}, ["status"]),
+    "MindIEConfig": obj({"modelName": STRING, "device": STRING, "dtype": STRING,
+                         "npuMemSize": number(0), **counts(
+                             "maxSeqLen", "maxInputTokenLen", "maxOutputLen", "maxIterTimes",
+                             "maxBatchSize", "cacheBlockSize", "cpuMemSize", "worldSize")},
+                        ["modelName", "maxSeqLen", "maxInputTokenLen", "maxOutputLen",
+                         "maxBatchSize"]),
+    "MindIEStatus": obj({
+        "service": obj({"roleStatus": {"type": "string", "enum": ["RoleReady", "RoleUnknown"]},
+                        "currentRole": STRING}, ["roleStatus", "currentRole"]),
+        "resource": obj(counts("availSlotsNum", "availBlockNum", "waitingRequestNum",
+                               "runningRequestNum", "swappedRequestNum", "freeNpuBlockNums",
+                               "totalNpuBlockNums", "freeCpuBlockNums", "totalCpuBlockNums")),
+        "linkStatus": obj({"peers": {"type": "array"}}),
+    }, ["service", "resource", "linkStatus"]),
+    "MetricsJson": obj({"resultType": only("vector", STRING), "result": array(obj({
+        "metric": array(obj({"__name__": STRING, "job": STRING, "instance": STRING})),
+        "value": STRING}, ["metric", "value"]))}, ["resultType", "result"]),
+    "OpenAPIDocument": obj({"openapi": STRING, "info": {"type": "object"},
+                            "paths": {"type": "object"}}, ["openapi", "info", "paths"]),
+}
+
+
+# --- errors -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class ErrorShape:
+    """A protocol's error body (component `name`), the statuses its routes may answer with it,
+    and `narrow(status)`: what the body holds at that status (the error type the protocol's
+    own error_body gives it), if anything."""
+
+    name: str
+    protocol: str
+    description: str
+    schema: JSON
+    statuses: tuple[int, ...]
+    narrow: Callable[[int], JSON] | None = None
+
+    def at(self, status: int) -> JSON:
+        if self.narrow is None:
+            return ref(self.name)
+        return {"allOf": [ref(self.name), self.narrow(status)]}
+
+
+def error_type(error_body: Callable[[int, str], Mapping[str, object]]) -> Callable[[int], JSON]:
+    return lambda status: obj({"error_type": only(error_body(status, "")["error_type"], STRING)})
+
+
+def openai_error(status: int) -> JSON:
+    error = openai.error_body(status, "", None)["error"]
+    return obj({"error": obj({"type": only(error["type"], STRING),
+                              "code": only(error["code"], integer())})})
+
+
+def statuses(table: Mapping[grpc.StatusCode, int], *own: int) -> tuple[int, ...]:
+    """A protocol's error statuses: the server's, as `table` maps them, and the gateway's own:
+    413 (a body over the limit), 500 (anything unexpected) and `own`."""
+    return tuple(sorted({*table.values(), 413, 500, *own}))
+
+
+TYPED_ERROR = obj({"error": STRING, "error_type": STRING}, ["error", "error_type"], closed=True)
+KSERVE_ERROR = ErrorShape(
+    "KServeError", "kserve", 'KServe v2 / Triton routes; errors are `{"error": message}`',
+    obj({"error": STRING}, ["error"], closed=True), statuses(KSERVE_HTTP_STATUS))
+TGI_ERROR = ErrorShape(
+    "TgiError", "tgi", 'TGI\'s routes and vLLM\'s /generate; errors are `{"error", "error_type"}`',
+    TYPED_ERROR, statuses(tgi.HTTP_STATUS), error_type(tgi.error_body))
+OPENAI_ERROR = ErrorShape(
+    "OpenAIError", "openai",
+    'OpenAI\'s routes; errors are `{"error": {"message", "type", "param", "code"}}`',
+    obj({"error": obj({"message": STRING, "type": STRING, "param": nullable(STRING),
+                       "code": integer()}, ["message", "type", "param", "code"], closed=True)},
+        ["error"], closed=True),
+    statuses(openai.HTTP_STATUS), openai_error)
+# MindIE's own: 400 for a body that is not JSON, 501 for what is not implemented.
+MINDIE_ERROR = ErrorShape(
+    "MindIEError", "mindie",
+    'MindIE\'s native and management routes; errors are `{"error", "error_type"}`',
+    TYPED_ERROR, statuses(mindie.HTTP_STATUS, 400, 501), error_type(mindie.error_body))
+SHAPES = (KSERVE_ERROR, TGI_ERROR, OPENAI_ERROR, MINDIE_ERROR)
+# A handler's error shape is its nearest base class's here.
+ERROR_SHAPES: dict[type[tornado.web.RequestHandler], ErrorShape] = {
+    generation.TgiHandler: TGI_ERROR,
+    generation.OpenAIHandler: OPENAI_ERROR,
+    generation.MindIEHandler: MINDIE_ERROR,
+    management.ManagementHandler: MINDIE_ERROR,
+    Handler: KSERVE_ERROR,
+}
+
+
+def error_shape(handler: type[tornado.web.RequestHandler]) -> ErrorShape:
+    return next(ERROR_SHAPES[base] for base in handler.__mro__ if base in ERROR_SHAPES)
+
+
+# --- operations -------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Operation:
+    """What one method of a route takes and answers: `body`, its JSON request schema;
+    `ok`, its 200 reply by media type (empty: no body; None: it never answers 200)."""
+
+    summary: str
+    ok: Mapping[str, JSON] | None
+    body: JSON | None = None
+
+
+def json_reply(name: str) -> dict[str, JSON]:
+    return {"application/json": {"schema": ref(name)}}
+
+
+NO_BODY: dict[str, JSON] = {}
+HEALTH = Operation("200 (empty) when the model is ready and no stop is under way, else 503",
+                   NO_BODY)
+GENERATION_STREAM = "Server-Sent Events, one `data:` event per token"
+OPERATIONS: dict[str, dict[str, Operation]] = {
+    "health_live": {"get": Operation("200 (empty) when the server is live", NO_BODY)},
+    "health_ready": {"get": Operation("200 (empty) when the server is ready", NO_BODY)},
+    "model_ready": {"get": Operation("200 (empty) when the model is ready", NO_BODY)},
+    "server_metadata": {"get": Operation("KServe v2 server metadata",
+                                         json_reply("ServerMetadata"))},
+    "model_metadata": {"get": Operation("KServe v2 model metadata",
+                                        json_reply("ModelMetadata"))},
+    "model_config": {"get": Operation("Triton's model configuration",
+                                      json_reply("ModelConfig"))},
+    "infer": {"post": Operation(
+        "KServe v2 inference: token ids (`input0`) or text (`text_input`) in. The binary "
+        "tensor data extension (`Inference-Header-Content-Length`, `binary_data_size`) is "
+        "accepted too; binary outputs come as application/octet-stream",
+        {**json_reply("InferResponse"),
+         "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+        ref("InferRequest"))},
+    "generate": {"post": Operation("Triton's generate extension",
+                                   json_reply("GenerateResponse"), ref("GenerateRequest"))},
+    "generate_stream": {"post": Operation(f"Triton's generate extension: {GENERATION_STREAM}",
+                                          SSE, ref("GenerateRequest"))},
+    "stop_infer": {"post": Operation("Ends the running requests with this id early",
+                                     json_reply("StopInferResponse"),
+                                     ref("StopInferRequest"))},
+    "slot_count": {"get": Operation("Free and total slots", json_reply("SlotCount"))},
+    "tgi_compat": {
+        "get": HEALTH,
+        "post": Operation("TGI's compat route: a one-element array, or (`stream: true`) "
+                          f"{GENERATION_STREAM}",
+                          {"application/json": {"schema": array(ref("TgiResponse"),
+                                                                minItems=1, maxItems=1)},
+                           **SSE},
+                          ref("TgiRequest"))},
+    "tgi_vllm_generate": {"post": Operation(
+        "TGI's generate (a body with `inputs`) or vLLM's demo server's (a body with `prompt`; "
+        "streamed, JSON objects each followed by a NUL byte)",
+        {"application/json": {"schema": {"oneOf": [ref("TgiResponse"),
+                                                   ref("VllmResponse")]}},
+         "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+        {"oneOf": [ref("TgiRequest"), ref("VllmRequest")]})},
+    "tgi_generate_stream": {"post": Operation(f"TGI's stream: {GENERATION_STREAM}", SSE,
+                                              ref("TgiRequest"))},
+    "tgi_info": {"get": Operation("TGI's model information", json_reply("TgiInfo"))},
+    "health": {"get": HEALTH},
+    "openai_models": {"get": Operation("OpenAI's model list", json_reply("ModelList"))},
+    "openai_model": {"get": Operation("One OpenAI model", json_reply("Model"))},
+    "openai_chat": {"post": Operation(
+        f"OpenAI's chat completions (streamed: {GENERATION_STREAM}, then `data: [DONE]`)",
+        {**json_reply("ChatCompletion"), **SSE}, ref("ChatCompletionRequest"))},
+    "openai_completions": {"post": Operation(
+        f"OpenAI's completions (streamed: {GENERATION_STREAM}, then `data: [DONE]`)",
+        {**json_reply("TextCompletion"), **SSE}, ref("CompletionRequest"))},
+    "mindie_infer": {"post": Operation(f"MindIE's text interface (streamed: {GENERATION_STREAM})",
+                                       {**json_reply("MindIEResponse"), **SSE},
+                                       ref("MindIEInferRequest"))},
+    "mindie_infer_token": {"post": Operation(
+        f"MindIE's token interface (streamed: {GENERATION_STREAM})",
+        {**json_reply("MindIETokenResponse"), **SSE}, ref("MindIEInferTokenRequest"))},
+    "mindie_tokenizer": {"post": Operation("The server's tokenizer",
+                                           json_reply("TokenizerResponse"),
+                                           ref("TokenizerRequest"))},
+    "health_timed": {"get": Operation(
+        "MindIE's deep probe: one token generated within N seconds (default 10)",
+        json_reply("HealthTimed"))},
+    "stop_service": {"get": Operation(
+        "Graceful stop: answers (empty) once the requests in flight are answered, then exits",
+        NO_BODY)},
+    "mindie_config": {"get": Operation("MindIE's static configuration",
+                                       json_reply("MindIEConfig"))},
+    "mindie_status": {"get": Operation("MindIE's status", json_reply("MindIEStatus"))},
+    "mindie_role": {"post": Operation("Prefill/decode roles: not implemented (501)", None)},
+    "metrics_json": {"get": Operation("MindIE's JSON metrics", json_reply("MetricsJson"))},
+    "metrics": {"get": Operation("Prometheus' text format",
+                                 {"text/plain": {"schema": STRING}})},
+    "openapi": {"get": Operation("This document", json_reply("OpenAPIDocument"))},
+}
+# Path parameters whose accepted values are narrower than their route pattern.
+PATH_PARAMETERS: dict[str, JSON] = {"seconds": integer(1, MAX_HEALTH_TIMEOUT_S)}
+
+
+# --- paths from route patterns ----------------------------------------------------------------
+
+class Route(NamedTuple):
+    plane: str
+    pattern: str
+    handler: type[tornado.web.RequestHandler]
+    name: str
+
+
+_OPTIONAL = re.compile(r"\(\?:((?:[^()]|\([^()]*\))*)\)\?")
+_GROUP = re.compile(r"\(\?P<(\w+)>([^()]*)\)")
+_REGEX_SYNTAX = re.compile(r"[()\[\]{}*+?|^$]")
+
+
+def path_templates(pattern: str) -> list[tuple[str, dict[str, str]]]:
+    """A route pattern's OpenAPI paths (an optional group gives a path without it and one
+    with it), each with its path parameters' regular expressions."""
+    optional = _OPTIONAL.search(pattern)
+    if optional is not None:
+        head, tail = pattern[:optional.start()], pattern[optional.end():]
+        return [*path_templates(head + tail), *path_templates(head + optional[1] + tail)]
+    parameters = dict(_GROUP.findall(pattern))
+    literal = _GROUP.sub("", pattern)
+    if _REGEX_SYNTAX.search(re.sub(r"\\.", "", literal)):
+        raise ValueError(f"the route pattern {pattern!r} has no OpenAPI path")
+    pieces = _GROUP.split(pattern)  # literal, (name, regex, literal)*
+    template = _unescape(pieces[0]) + "".join(
+        "{" + name + "}" + _unescape(text) for name, text in zip(pieces[1::3], pieces[3::3]))
+    return [(template, parameters)]
+
+
+def _unescape(literal: str) -> str:
+    return re.sub(r"\\(.)", r"\1", literal)
+
+
+# --- the document -----------------------------------------------------------------------------
+
+PLANES = {
+    "business": "Inference and model routes of every protocol, and Triton's health routes",
+    "management": "Probes, slot count, graceful stop, configuration, status, JSON metrics",
+    "metrics": "Prometheus' /metrics",
+}
+
+
+def document(routes: Iterable[Route]) -> JSON:
+    """The OpenAPI document of `routes`; a route served on several planes (one server, one
+    port) is listed once, tagged with each."""
+    paths: dict[str, JSON] = {}
+    planes: dict[tuple[str, str], list[str]] = {}
+    for route in routes:
+        shape = error_shape(route.handler)
+        for template, patterns in path_templates(route.pattern):
+            for method, operation in OPERATIONS[route.name].items():
+                served_on = planes.setdefault((template, method), [])
+                served_on.append(route.plane)
+                paths.setdefault(template, {})[method] = _operation(
+                    route.name, method, operation, shape, patterns, served_on)
+    used = {tag for item in paths.values() for operation in item.values()
+            for tag in operation["tags"]}
+    tags = [*PLANES.items(), *((shape.protocol, shape.description) for shape in SHAPES)]
+    return copy.deepcopy({
+        "openapi": "3.0.3",
+        "info": {"title": "Switchboard gateway",
+                 "version": importlib.metadata.version("switchboard"),
+                 "description": "REST routes of Triton / KServe v2, TGI, vLLM, OpenAI and "
+                                "MindIE, transcoded into gRPC calls to the model server. Each "
+                                "operation is tagged with the plane(s) serving it and with its "
+                                "protocol, whose error shape its errors have."},
+        "tags": [{"name": name, "description": description} for name, description in tags
+                 if name in used],
+        "paths": paths,
+        "components": {
+            "schemas": {**REQUESTS, **REPLIES, **{shape.name: shape.schema for shape in SHAPES}},
+            "responses": {f"{shape.name}{status}": {
+                "description": f"{HTTPStatus(status).phrase}, in the protocol's error shape",
+                "content": {"application/json": {"schema": shape.at(status)}}}
+                for shape in SHAPES for status in shape.statuses},
+        },
+    })
+
+
+def _operation(route: str, method: str, operation: Operation, shape: ErrorShape,
+               patterns: Mapping[str, str], planes: list[str]) -> JSON:
+    responses: JSON = {}
+    if operation.ok is not None:
+        responses["200"] = {"description": operation.summary}
+        if operation.ok:
+            responses["200"]["content"] = dict(operation.ok)
+    responses.update({str(status): {"$ref": f"#/components/responses/{shape.name}{status}"}
+                      for status in shape.statuses})
+    result: JSON = {"operationId": "_".join([route, *patterns, method]),
+                    "summary": operation.summary, "tags": [*planes, shape.protocol],
+                    "responses": responses}
+    if patterns:
+        result["parameters"] = [{"name": name, "in": "path", "required": True,
+                                 "schema": PATH_PARAMETERS.get(
+                                     name, {"type": "string", "pattern": f"^(?:{regex})$"})}
+                                for name, regex in patterns.items()]
+    if operation.body is not None:
+        result["requestBody"] = {"required": True,
+                                 "content": {"application/json": {"schema": operation.body}}}
+    return result
+
+
+def served_routes(application: tornado.web.Application) -> list[Route]:
+    """The routes `application` serves, in order (make_app names each rule `plane:route`)."""
+    routes = []
+    for rule in application.wildcard_router.rules:
+        assert isinstance(rule.matcher, tornado.routing.PathMatches) and rule.name
+        plane, _, name = rule.name.partition(":")
+        routes.append(Route(plane, rule.matcher.regex.pattern.removesuffix("$"), rule.target,
+                            name))
+    return routes
+
+
+class OpenAPIHandler(Handler):
+    """GET /openapi.json: the description of the routes this server serves."""
+
+    def get(self) -> None:
+        self.write_json(document(served_routes(self.application)))
