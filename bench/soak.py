@@ -1,7 +1,8 @@
 """`python -m bench.soak [--duration S]`: mixed traffic against a real server and gateway.
 
-Every protocol, streamed and not; about 10% of the requests dropped mid-stream by their
-client, 10% malformed, and regular bursts above the engine's queue limit. At the end it
+Every protocol, streamed and not; about 10% of the requests left mid-way by their client
+(after a stream's first event, or right after sending), 10% malformed, and regular bursts
+above the engine's queue limit. At the end it
 prints and writes (JSON) what came back by kind, latency percentiles, the KV blocks and slots
 still held once traffic has stopped (must be 0), the server's resident memory growth between
 the first and the last part of the run (must stay under 5%), and any 5xx that was not a
@@ -100,7 +101,9 @@ class Gateway:
         self.context.load_cert_chain(str(pki.client_cert), str(pki.client_key))
 
     async def request(self, kind: str, method: str, path: str, body: bytes = b"",
-                      drop_after_first_chunk: bool = False) -> Outcome:
+                      drop: bool = False, streamed: bool = False) -> Outcome:
+        """`drop`: leave mid-way, after a stream's first event, or right after sending a
+        request whose reply is not streamed."""
         start = time.monotonic()
         try:
             reader, writer = await asyncio.open_connection(self.host, self.port,
@@ -111,9 +114,12 @@ class Gateway:
             writer.write(f"{method} {path} HTTP/1.1\r\nHost: {self.host}\r\nConnection: close\r\n"
                          f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
                          .encode() + body)
+            await writer.drain()
+            if drop and not streamed:
+                return Outcome(kind, None, time.monotonic() - start)
             status_line = await reader.readline()
             status = int(status_line.split()[1]) if status_line else None
-            if drop_after_first_chunk and status == 200:
+            if drop and status == 200:
                 await reader.readuntil(b"\n\n")
                 return Outcome(kind, status, time.monotonic() - start)
             payload = await reader.read()
@@ -141,12 +147,11 @@ async def drive(gateway: Gateway, duration_s: float, seed: int,
             path, body = rng.choice(MALFORMED)
             outcomes.append(await gateway.request("malformed", "POST", path, body))
             return
+        dropped = kind is None and draw > 0.9
         kind = kind or rng.choice(list(KINDS))
         path, document, streamed = KINDS[kind]
-        dropped = streamed and draw > 0.9
-        outcome = await gateway.request("dropped" if dropped else kind, "POST", path,
-                                        json.dumps(document).encode(), dropped)
-        outcomes.append(outcome)
+        outcomes.append(await gateway.request("dropped" if dropped else kind, "POST", path,
+                                              json.dumps(document).encode(), dropped, streamed))
 
     async def worker() -> None:
         while time.monotonic() < deadline:
@@ -194,6 +199,8 @@ def summarize(outcomes: Sequence[Outcome], rss: Sequence[int], leaked_blocks: in
         if outcome.kind == "malformed":
             ok = outcome.status is not None and 400 <= outcome.status < 500
             counts["refused as malformed" if ok else "failed"] += 1
+        elif outcome.kind == "dropped":
+            counts["left mid-way"] += 1
         elif outcome.status == 200:
             counts["succeeded"] += 1
         elif outcome.status in REFUSALS:
