@@ -123,6 +123,7 @@ class SharedGenerateHandler(TgiHandler):
             await self.generate_tgi(document)
             return
         self.names = vllm.NAMES
+        self.status_table = vllm.HTTP_STATUS
         request, prompt, stream, deadline_s = vllm.generate_request_to_pb(document)
         generation = Generation()
         call = self.generate(request, deadline_s)

@@ -49,7 +49,7 @@ FINISH_REASONS = {"length": "length", "eos_token": "stop", "stop_sequence": "sto
 HTTP_STATUS = {
     grpc.StatusCode.INVALID_ARGUMENT: 400,
     grpc.StatusCode.NOT_FOUND: 404,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 503,  # a full queue: 429 is TGI's alone
     grpc.StatusCode.UNAVAILABLE: 503,
     grpc.StatusCode.DEADLINE_EXCEEDED: 504,
     grpc.StatusCode.UNAUTHENTICATED: 401,

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import json
 
+import grpc
+
 from gateway.errors import bad_request
 from gateway.protocols.generation import Generation, generate_request, optional_bool, renamed
 from gateway.protocols.kserve import require_object
 from gateway.protocols.parameters import json_type
+from gateway.protocols.tgi import HTTP_STATUS as TGI_HTTP_STATUS
 from proto import switchboard_pb2 as sb
 
 DEFAULT_MAX_TOKENS = 16  # vLLM's SamplingParams default
@@ -21,6 +24,8 @@ DELIMITER = b"\0"
 # content type for it; this says "bytes" rather than claiming JSON.
 STREAM_CONTENT_TYPE = "application/octet-stream"
 NAMES = {"max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens"}
+# TGI's statuses (the route is shared), but a full queue is 503: 429 is TGI's alone.
+HTTP_STATUS = {**TGI_HTTP_STATUS, grpc.StatusCode.RESOURCE_EXHAUSTED: 503}
 SAMPLING_FIELDS = frozenset({"n", "best_of", "presence_penalty", "frequency_penalty",
                              "repetition_penalty", "temperature", "top_p", "top_k", "seed", "stop",
                              "stop_token_ids", "ignore_eos", "max_tokens", "min_tokens"})

@@ -1,7 +1,7 @@
 """A server that can hold one request at a time (maxBatchSize 1, maxQueueLen 0): one more is
-refused at once in each protocol's terms (TGI and OpenAI 429, MindIE and Triton 503, gRPC
-RESOURCE_EXHAUSTED), and a request whose `timeout` passes ends with 504 and frees its slot;
-the server serves the next request normally after either."""
+refused at once in each protocol's terms (TGI 429, 503 elsewhere, gRPC RESOURCE_EXHAUSTED),
+and a request whose `timeout` passes ends with 504 and frees its slot; the server serves the
+next request normally after either."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ from server.process import GatewayProcess, ServerProcess
 FREED_WITHIN_S = 2.0  # the engine frees a timed-out request within a step
 REFUSED = (
     ("/generate", {"inputs": "Hi", "parameters": {"max_new_tokens": 2}}, 429, "overloaded"),
-    ("/v1/completions", {"prompt": "Hi", "max_tokens": 2}, 429, None),
+    ("/v1/completions", {"prompt": "Hi", "max_tokens": 2}, 503, None),
+    ("/generate", {"prompt": "Hi", "max_tokens": 2}, 503, None),
     ("/infer", {"inputs": "Hi", "parameters": {"max_new_tokens": 2}}, 503, "Service Unavailable"),
     (f"/v2/models/{MODEL}/generate", {"text_input": "Hi", "parameters": {"max_new_tokens": 2}},
      503, None),
