@@ -33,17 +33,17 @@ from gateway import management_handlers as management
 from gateway.errors import KSERVE_HTTP_STATUS
 from gateway.handler import Handler
 from gateway.protocols import mindie, openai, tgi
+from gateway.protocols.mindie_management import MAX_HEALTH_TIMEOUT_S
+from gateway.protocols.parameters import MAX_DEADLINE_S as MAX_TIMEOUT_S
+from gateway.protocols.parameters import UINT32_MAX, UINT64_MAX
 from gateway.sse import CONTENT_TYPE as SSE_CONTENT_TYPE
 
 JSON = dict[str, Any]
 INT32_MAX = 2**31 - 1
-UINT32_MAX = 2**32 - 1
-UINT64_MAX = 2**64 - 1
+# The server's limits, as engine/validation.py sets them (the gateway may not import it).
 MAX_SEQUENCES = 128
 MAX_TOP_LOGPROBS = 20
 MAX_STOP_SEQUENCES = 16
-MAX_TIMEOUT_S = 3600
-MAX_HEALTH_TIMEOUT_S = 600
 
 
 # --- JSON Schema helpers --------------------------------------------------------------------
