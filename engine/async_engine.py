@@ -79,7 +79,8 @@ class AsyncEngine:
     def from_loaded(cls, loaded: LoadedModel, config: EngineConfig) -> AsyncEngine:
         block_bytes = config.block_size * kv_bytes_per_token(loaded.model, loaded.dtype)
         num_blocks = config.num_kv_blocks or max(1, config.kv_cache_mib * 2**20 // block_bytes)
-        runner = PagedRunner(loaded.model, loaded.device, num_blocks, config.block_size)
+        runner = PagedRunner(loaded.model, loaded.device, num_blocks, config.block_size,
+                             loaded.quantization)
         block_manager = BlockManager(num_blocks, config.block_size,
                                      enable_prefix_caching=config.enable_prefix_caching)
         scheduler = Scheduler(block_manager, max_running=config.max_batch_size,

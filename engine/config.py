@@ -7,6 +7,7 @@ from pathlib import Path
 
 DEVICES = ("auto", "cpu", "cuda", "npu")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+QUANTIZATIONS = ("none", "int8", "int4", "gguf")
 CPU_STEP_TOKENS = 64
 ACCELERATOR_STEP_TOKENS = 2048
 
@@ -16,6 +17,8 @@ class EngineConfig:
     """What the operator chose. Names follow MindIE's config.json where a concept matches.
 
     model: a Hugging Face folder or a .gguf file; None means the packaged SmolLM2.
+    quantization: weight-only quantized linears on CPU (see `quantization.py`): int8, int4, or
+    gguf (a GGUF file's own precision per matrix); none keeps the dtype's weights.
     cache_dir: where a GGUF file's one-time conversion to a Hugging Face folder is kept
     (parsing GGUF metadata takes ~20 s on a small CPU; the converted folder loads in ~1 s).
     max_batched_tokens: prompt tokens computed per engine step, besides one token for each
@@ -35,6 +38,7 @@ class EngineConfig:
     device: str = "auto"
     dtype: str = "auto"
     cache_dir: Path | None = None
+    quantization: str = "none"
     max_seq_len: int = 2560
     max_input_token_len: int = 2048
     max_iter_times: int = 512
@@ -60,6 +64,9 @@ class EngineConfig:
             raise ValueError(f"device must be one of {', '.join(DEVICES)}; got {self.device!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}; "
+                             f"got {self.quantization!r}")
         for name in ("max_seq_len", "max_input_token_len", "max_iter_times", "max_batch_size",
                      "max_prefill_tokens", "block_size", "kv_cache_mib"):
             value = getattr(self, name)

@@ -17,6 +17,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from engine.config import EngineConfig
+from engine.quantization import QuantizationError, QuantizationPlan
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +40,7 @@ class LoadedModel:
     vocab_size: int
     max_position_embeddings: int
     source: str
+    quantization: QuantizationPlan
 
 
 def default_model_path() -> Path:
@@ -86,8 +88,13 @@ def load_model(config: EngineConfig) -> LoadedModel:
         raise ModelLoadError(f"model path {source} does not exist")
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
+    try:
+        quantization = QuantizationPlan.for_model(config.quantization, source, device, dtype)
+    except QuantizationError as error:
+        raise ModelLoadError(str(error)) from error
     folder = hf_folder(source, config.cache_dir)
-    logger.info("loading %s on %s as %s", source, device, dtype)
+    logger.info("loading %s on %s as %s (quantization: %s)", source, device, dtype,
+                config.quantization)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
     return LoadedModel(
@@ -99,6 +106,7 @@ def load_model(config: EngineConfig) -> LoadedModel:
         vocab_size=model.config.vocab_size,
         max_position_embeddings=model.config.max_position_embeddings,
         source=str(source),
+        quantization=quantization,
     )
 
 

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from engine.config import DEVICES, DTYPES, EngineConfig
+from engine.config import DEVICES, DTYPES, QUANTIZATIONS, EngineConfig
 from gateway.config import (DEFAULT_BUSINESS_PORT, DEFAULT_CLIENT_TIMEOUT_S, DEFAULT_HTTP_HOST,
                             DEFAULT_MANAGEMENT_PORT, DEFAULT_MAX_BODY_BYTES,
                             DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_HEADER_BYTES,
@@ -33,8 +33,8 @@ logger = logging.getLogger("switchboard")
 DEFAULT_TLS_DIR = Path("tls/dev")
 KEY_PASSWORD_ENV = "SWITCHBOARD_TLS_KEY_PASSWORD"
 ENGINE_SETTINGS = tuple(field.name for field in dataclasses.fields(EngineConfig))
-SERVER_FLAGS = frozenset({"model", "model_name", "device", "dtype", "grpc_host", "grpc_port",
-                          "cache_dir", "tls_crl"})
+SERVER_FLAGS = frozenset({"model", "model_name", "device", "dtype", "quantization", "grpc_host",
+                          "grpc_port", "cache_dir", "tls_crl"})
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -61,6 +61,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--device", choices=DEVICES, help="default: auto (cuda, then npu, then cpu)")
     serve.add_argument("--dtype", choices=DTYPES,
                        help="default: auto (bfloat16 on accelerators, float32 on CPU)")
+    serve.add_argument("--quantization", choices=QUANTIZATIONS,
+                       help="weight-only quantized linears on CPU: int8, int4, or gguf (a .gguf "
+                            "file's own precision per matrix); default: none")
     serve.add_argument("--grpc-host", help=f"default: {DEFAULT_GRPC_HOST}")
     serve.add_argument("--grpc-port", type=int, help=f"default: {DEFAULT_GRPC_PORT}; 0 picks a free port")
     serve.add_argument("--cache-dir", type=Path,

@@ -55,6 +55,7 @@ CONFIG_KEYS = {
     "maxLinkNum": "max_connections",
     "device": "device",
     "dtype": "dtype",
+    "quantization": "quantization",
     "cacheDir": "cache_dir",
 }
 PATH_SETTINGS = frozenset({"model", "tls_ca_path", "tls_cert", "tls_pk", "tls_crl_path",

@@ -1,0 +1,232 @@
+"""Weight-only quantized projections and embeddings for CPU decoding.
+
+A weight is stored as integer codes with scales (and, for 4 bits, zero points) per group of
+input columns: int4 in groups of 32 with a min/max (asymmetric) grid, int8 per output channel
+with a symmetric one. Two ways to multiply, picked by the number of rows:
+
+- few rows (decoding a handful of streams, where reading the weight dominates): PyTorch's
+  weight-only kernels, `_weight_int4pack_mm_for_cpu` / `_weight_int8pack_mm`, on bf16
+  activations; they read 4 or 8 bits per weight instead of 32;
+- many rows (big batches, prompt chunks, where arithmetic dominates and those kernels fall
+  behind fp32 matmul): the weight is dequantised, a slice of output channels at a time, into a
+  small reusable buffer and multiplied in fp32.
+
+Both ways use the same (bf16-rounded) scales, so they compute the same weights.
+
+The `gguf` scheme keeps a GGUF file's own precision per tensor: its 4-bit blocks stay 4-bit in
+groups of 32, which for Q4_0/Q4_1 re-derives the file's grid exactly (their quantizer maps
+each block's min and max to the end codes, so min/max recovers the scale and offset), and wider
+types become int8 per channel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+
+import torch
+
+from engine.config import QUANTIZATIONS
+
+INT4_GROUP_SIZE = 32
+# From this many rows on, dequantising into fp32 beats the weight-only kernels (measured on the
+# project's 2-core AVX2 machines: the int4 kernel takes ~3.5x less time than fp32 for 1 row,
+# about the same for 12 rows, twice as long for 64).
+DEQUANTIZE_FROM_ROWS = 12
+# Output channels dequantised at a time: small enough for the buffer to stay in cache.
+DEQUANTIZE_CHANNELS = 2048
+FOUR_BIT_GGUF_TYPES = frozenset({"Q4_0", "Q4_1", "Q4_K", "IQ4_NL", "IQ4_XS"})
+
+
+class QuantizationError(ValueError):
+    """The scheme cannot be applied to this model or device."""
+
+
+@dataclass(frozen=True, slots=True)
+class QuantizedWeight:
+    """codes [out, in] int8; scales and zeros [out, in // group, 1] float32 (bf16-rounded),
+    zeros None for the symmetric int8 grid: weight = codes * scales + zeros, per group."""
+
+    bits: int
+    codes: torch.Tensor
+    scales: torch.Tensor
+    zeros: torch.Tensor | None
+
+    @classmethod
+    def quantize(cls, weight: torch.Tensor, bits: int) -> QuantizedWeight:
+        weight = weight.detach().float()
+        out_features, in_features = weight.shape
+        if bits == 4:
+            if in_features % INT4_GROUP_SIZE:
+                raise QuantizationError(f"int4 needs input sizes that are multiples of "
+                                        f"{INT4_GROUP_SIZE}; got {in_features}")
+            groups = weight.view(out_features, -1, INT4_GROUP_SIZE)
+            low, high = groups.amin(-1, keepdim=True), groups.amax(-1, keepdim=True)
+            scales = _bf16((high - low) / 15)
+            scales = torch.where(scales > 0, scales, torch.ones_like(scales))
+            # Codes are stored centred on zero ([-8, 7]): the int4 kernel subtracts 8 from its
+            # unsigned nibbles and adds the zero point, so zeros are the offset of code 0.
+            zeros = _bf16(low + 8 * scales)
+            codes = torch.round((groups - zeros) / scales).clamp(-8, 7)
+            return cls(4, codes.to(torch.int8).view(out_features, in_features), scales, zeros)
+        if bits == 8:
+            groups = weight.view(out_features, 1, in_features)
+            scales = _bf16(groups.abs().amax(-1, keepdim=True) / 127)
+            scales = torch.where(scales > 0, scales, torch.ones_like(scales))
+            codes = torch.round(groups / scales).clamp(-127, 127).to(torch.int8)
+            return cls(8, codes.view(out_features, in_features), scales, None)
+        raise QuantizationError(f"weights can be quantized to 4 or 8 bits; got {bits}")
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.codes.shape
+
+    def dequantize_into(self, rows: slice, out: torch.Tensor) -> torch.Tensor:
+        """The fp32 weight of output channels `rows`, written into `out` (any buffer with room)."""
+        codes = self.codes[rows]
+        num_rows, in_features = codes.shape
+        num_groups = self.scales.shape[1]
+        grouped = out.view(-1)[:num_rows * in_features].view(num_rows, num_groups, -1)
+        torch.mul(codes.view(grouped.shape), self.scales[rows], out=grouped)
+        if self.zeros is not None:
+            grouped.add_(self.zeros[rows])
+        return grouped.view(num_rows, in_features)
+
+    def rows(self, index: torch.Tensor) -> torch.Tensor:
+        """The fp32 weight rows at `index` (an embedding lookup)."""
+        codes = self.codes[index].view(len(index), self.scales.shape[1], -1)
+        weight = codes * self.scales[index]
+        if self.zeros is not None:
+            weight += self.zeros[index]
+        return weight.view(len(index), -1)
+
+
+class Scratch:
+    """One dequantisation buffer shared by every projection of a runner (one engine thread)."""
+
+    def __init__(self) -> None:
+        self.buffer = torch.empty(0)
+
+    def at_least(self, num_elements: int) -> torch.Tensor:
+        if self.buffer.numel() < num_elements:
+            self.buffer = torch.empty(num_elements)
+        return self.buffer
+
+
+class QuantizedProjection:
+    """y = x @ weightᵀ (+ bias) for float32 x, with a QuantizedWeight."""
+
+    def __init__(self, weight: QuantizedWeight, bias: torch.Tensor | None, scratch: Scratch) -> None:
+        self.weight = weight
+        self.bias = bias
+        self._scratch = scratch
+        if weight.bits == 4:
+            unsigned = (weight.codes.to(torch.int32) + 8)
+            self._packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(unsigned, 1)
+            self._scales_and_zeros = torch.cat((weight.scales, weight.zeros), dim=-1) \
+                .transpose(0, 1).contiguous().to(torch.bfloat16)
+        else:
+            self._channel_scales = weight.scales.view(-1).to(torch.bfloat16)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        y = self._dequantized_mm(x) if x.shape[0] >= DEQUANTIZE_FROM_ROWS else self._packed_mm(x)
+        return y if self.bias is None else y + self.bias
+
+    def _packed_mm(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.to(torch.bfloat16)
+        if self.weight.bits == 4:
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self._packed, INT4_GROUP_SIZE,
+                                                           self._scales_and_zeros)
+        else:
+            y = torch.ops.aten._weight_int8pack_mm(x, self.weight.codes, self._channel_scales)
+        return y.float()
+
+    def _dequantized_mm(self, x: torch.Tensor) -> torch.Tensor:
+        out_features, in_features = self.weight.shape
+        channels = min(out_features, DEQUANTIZE_CHANNELS)
+        buffer = self._scratch.at_least(channels * in_features)
+        y_t = x.new_empty(out_features, x.shape[0])
+        xt = x.t()
+        for start in range(0, out_features, channels):
+            rows = slice(start, min(start + channels, out_features))
+            torch.mm(self.weight.dequantize_into(rows, buffer), xt, out=y_t[rows])
+        return y_t.t().contiguous()
+
+
+class QuantizedEmbedding:
+    """An embedding lookup from a QuantizedWeight (for a tied model, the LM head's own)."""
+
+    def __init__(self, weight: QuantizedWeight) -> None:
+        self.weight = weight
+
+    def __call__(self, token_ids: torch.Tensor) -> torch.Tensor:
+        return self.weight.rows(token_ids)
+
+
+@dataclass(frozen=True, slots=True)
+class QuantizationPlan:
+    """How many bits each weight matrix keeps under a scheme. Matrices are named by their
+    GGUF roles (`attn_q`, `ffn_down`, …; `output` is the LM head) and layer index.
+
+    int4 keeps the LM head (for a tied model, the embedding too) at int8, as 4-bit GGUF files
+    keep theirs at 8 bits or more: at 4 bits the head alone drops the teacher-forced top-1
+    agreement with float32 from ~97% to ~84% (tests/integration/test_quantized_model.py).
+
+    gguf_bits: for the gguf scheme, the bits of each of the file's matrices by GGUF tensor
+    name (`blk.3.attn_q`, `output`, `token_embd`)."""
+
+    scheme: str
+    gguf_bits: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+
+    def __post_init__(self) -> None:
+        if self.scheme not in QUANTIZATIONS:
+            raise QuantizationError(f"quantization must be one of {', '.join(QUANTIZATIONS)}; "
+                                    f"got {self.scheme!r}")
+
+    @classmethod
+    def for_model(cls, scheme: str, source: Path, device: torch.device,
+                  dtype: torch.dtype) -> QuantizationPlan:
+        if scheme == "none":
+            return cls(scheme)
+        if device.type != "cpu" or dtype != torch.float32:
+            raise QuantizationError(f"--quantization {scheme} runs on CPU in float32 (its "
+                                    f"kernels are PyTorch's CPU ones); got {device.type} and "
+                                    f"{str(dtype).removeprefix('torch.')}")
+        if scheme != "gguf":
+            return cls(scheme)
+        if source.suffix != ".gguf":
+            raise QuantizationError(f"--quantization gguf keeps a GGUF file's own precision, "
+                                    f"but {source} is not a .gguf file: use int8 or int4")
+        return cls(scheme, MappingProxyType(gguf_bits(source)))
+
+    @property
+    def is_quantized(self) -> bool:
+        return self.scheme != "none"
+
+    def bits(self, layer: int | None, roles: Sequence[str]) -> int:
+        """Bits for the matrices `roles` fused into one (the widest of their own); layer None
+        for the LM head."""
+        if self.scheme == "int8" or (self.scheme == "int4" and layer is None):
+            return 8
+        if self.scheme == "int4":
+            return 4
+        if layer is None:
+            return self.gguf_bits.get("output", self.gguf_bits.get("token_embd", 8))
+        return max(self.gguf_bits.get(f"blk.{layer}.{role}", 8) for role in roles)
+
+
+def gguf_bits(gguf_file: Path) -> dict[str, int]:
+    """Bits to keep for each of a GGUF file's matrices, by GGUF tensor name: 4 for 4-bit
+    block types, 8 for anything wider."""
+    from gguf import GGUFReader
+
+    return {tensor.name.removesuffix(".weight"):
+            4 if tensor.tensor_type.name in FOUR_BIT_GGUF_TYPES else 8
+            for tensor in GGUFReader(gguf_file).tensors if len(tensor.shape) == 2}
+
+
+def _bf16(values: torch.Tensor) -> torch.Tensor:
+    """float32 values rounded to bf16, the precision the weight-only kernels take scales in."""
+    return values.to(torch.bfloat16).float()

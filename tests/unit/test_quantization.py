@@ -1,0 +1,123 @@
+"""Weight-only quantization on fake weights: the grids, both multiplication paths (the
+weight-only kernels for few rows, dequantisation for many) computing the same weights, the
+embedding lookup, and which bits each scheme gives each matrix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.quantization import (DEQUANTIZE_CHANNELS, DEQUANTIZE_FROM_ROWS, INT4_GROUP_SIZE,
+                                 QuantizationError, QuantizationPlan, QuantizedEmbedding,
+                                 QuantizedProjection, QuantizedWeight, Scratch)
+
+CPU = torch.device("cpu")
+
+
+def dequantized(weight: QuantizedWeight) -> torch.Tensor:
+    rows = weight.shape[0]
+    return weight.dequantize_into(slice(0, rows), torch.empty(weight.codes.numel())).clone()
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_quantization_error_is_within_half_a_step(bits: int) -> None:
+    weight = torch.randn(64, 128)
+    quantized = QuantizedWeight.quantize(weight, bits)
+    steps = quantized.scales.expand(64, -1, 128 // quantized.scales.shape[1]).reshape(64, 128)
+    assert ((dequantized(quantized) - weight).abs() <= steps * 0.5 + 1e-6).all()
+
+
+def test_int4_reproduces_a_q4_1_grid_exactly() -> None:
+    """Weights already on a Q4_1 grid (code × scale + min per block of 32, codes spanning
+    0..15) come back unchanged: the gguf scheme keeps such a file's own weights."""
+    generator = torch.Generator().manual_seed(0)
+    codes = torch.randint(0, 16, (8, 4, INT4_GROUP_SIZE), generator=generator)
+    codes[..., 0], codes[..., 1] = 0, 15
+    scales = torch.tensor([0.5, 0.25, 0.125, 2.0]).view(1, 4, 1)
+    minimums = torch.tensor([-1.0, -3.0, 0.5, -8.0]).view(1, 4, 1)
+    weight = (codes * scales + minimums).view(8, -1)
+    assert torch.equal(dequantized(QuantizedWeight.quantize(weight, 4)), weight)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_zero_rows_and_constant_groups_survive(bits: int) -> None:
+    weight = torch.zeros(4, 64)
+    weight[1] = 3.0 if bits == 4 else 0.0
+    assert torch.equal(dequantized(QuantizedWeight.quantize(weight, bits)), weight)
+
+
+def test_int4_needs_whole_groups_and_only_4_or_8_bits_exist() -> None:
+    with pytest.raises(QuantizationError, match="multiples of 32"):
+        QuantizedWeight.quantize(torch.randn(4, 48), 4)
+    with pytest.raises(QuantizationError, match="4 or 8 bits"):
+        QuantizedWeight.quantize(torch.randn(4, 64), 2)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("rows", [1, 3, DEQUANTIZE_FROM_ROWS - 1, DEQUANTIZE_FROM_ROWS, 40])
+def test_both_paths_compute_the_dequantized_weight(bits: int, rows: int) -> None:
+    """Few rows go through the bf16 weight-only kernel (bf16 activations: ~1% error), many
+    through fp32 dequantisation (exact), over several dequantisation slices."""
+    out_features = DEQUANTIZE_CHANNELS + 96
+    weight = QuantizedWeight.quantize(torch.randn(out_features, 128) / 10, bits)
+    bias = torch.randn(out_features)
+    projection = QuantizedProjection(weight, bias, Scratch())
+    x = torch.randn(rows, 128)
+    expected = x @ dequantized(weight).t() + bias
+    tolerance = 0.0 if rows >= DEQUANTIZE_FROM_ROWS else 0.02
+    assert projection(x).dtype == torch.float32
+    assert torch.allclose(projection(x), expected, atol=tolerance * expected.abs().max() + 1e-5)
+
+
+def test_projections_share_one_scratch_buffer() -> None:
+    scratch = Scratch()
+    small = QuantizedProjection(QuantizedWeight.quantize(torch.randn(64, 64), 8), None, scratch)
+    large = QuantizedProjection(QuantizedWeight.quantize(torch.randn(256, 64), 8), None, scratch)
+    x = torch.randn(DEQUANTIZE_FROM_ROWS, 64)
+    large(x)
+    buffer = scratch.buffer
+    small(x)
+    assert scratch.buffer is buffer
+    assert buffer.numel() == 256 * 64
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_embedding_looks_up_dequantized_rows(bits: int) -> None:
+    weight = QuantizedWeight.quantize(torch.randn(100, 64), bits)
+    token_ids = torch.tensor([5, 0, 99, 5])
+    assert torch.equal(QuantizedEmbedding(weight)(token_ids), dequantized(weight)[token_ids])
+
+
+def test_int8_and_int4_plans() -> None:
+    int8 = QuantizationPlan("int8")
+    int4 = QuantizationPlan("int4")
+    assert int8.bits(0, ["attn_q"]) == 8 and int8.bits(None, ["output"]) == 8
+    assert int4.bits(3, ["ffn_gate", "ffn_up"]) == 4
+    assert int4.bits(None, ["output"]) == 8
+    assert not QuantizationPlan("none").is_quantized and int4.is_quantized
+
+
+def test_the_gguf_plan_keeps_each_matrix_at_its_file_precision() -> None:
+    plan = QuantizationPlan("gguf", {"blk.0.attn_q": 4, "blk.0.attn_k": 4, "blk.0.attn_v": 8,
+                                     "blk.0.ffn_down": 4, "token_embd": 8})
+    assert plan.bits(0, ["attn_q", "attn_k"]) == 4
+    assert plan.bits(0, ["attn_q", "attn_k", "attn_v"]) == 8  # the widest part decides
+    assert plan.bits(0, ["ffn_down"]) == 4
+    assert plan.bits(1, ["ffn_down"]) == 8  # unknown: 8 bits
+    assert plan.bits(None, ["output"]) == 8  # a tied head is the embedding
+
+
+def test_plans_refuse_what_they_cannot_do(tmp_path: Path) -> None:
+    folder = tmp_path / "model"
+    with pytest.raises(QuantizationError, match="quantization must be one of"):
+        QuantizationPlan("int2")
+    with pytest.raises(QuantizationError, match="CPU in float32"):
+        QuantizationPlan.for_model("int8", folder, torch.device("cuda"), torch.bfloat16)
+    with pytest.raises(QuantizationError, match="CPU in float32"):
+        QuantizationPlan.for_model("int4", folder, CPU, torch.bfloat16)
+    with pytest.raises(QuantizationError, match="not a .gguf file"):
+        QuantizationPlan.for_model("gguf", folder, CPU, torch.float32)
+    assert QuantizationPlan.for_model("none", folder, torch.device("cuda"),
+                                      torch.bfloat16).scheme == "none"
