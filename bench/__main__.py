@@ -27,6 +27,7 @@ from bench.baseline import Baseline
 from bench.grpc_load import LevelResult, run_level, secure_channel
 from bench.metrics import Row
 from bench.workload import PARAGRAPH, PromptSource
+from engine.config import QUANTIZATIONS
 from engine.loader import default_model_path, hf_folder
 from server.cli import default_cache_dir
 from server.process import ServerProcess
@@ -34,6 +35,7 @@ from tls import DevPKIPaths, write_dev_pki
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 BATCH_SIZE = 16  # the static batch the 16-stream level is compared with
+LARGE_BATCH_SIZE = 64  # quantized runs: the static batch the 64-stream level is compared with
 FULL_LEVELS = (1, 4, 16, 64)
 QUICK_LEVELS = (1, 4)
 FULL_NEW_TOKENS = 64
@@ -51,6 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if new_tokens < 2:
         sys.exit("--max-new-tokens must be at least 2 (TPOT needs two tokens)")
     counts = [max(args.requests_per_stream * streams, args.min_requests) for streams in levels]
+    quantized = args.quantization != "none"
     load_at_start = os.getloadavg()
     started = time.perf_counter()
 
@@ -58,7 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         pki = write_dev_pki(Path(folder))
         print("starting the server (its first start on a machine converts the model, ~30 s)",
               flush=True)
-        server = ServerProcess("--tls-dir", str(pki.folder),
+        server = ServerProcess("--tls-dir", str(pki.folder), "--quantization", args.quantization,
                                *(["--config", str(args.server_config)] if args.server_config else []))
         try:
             server.wait_ready()
@@ -69,7 +72,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             warm_up = source.draw(1)
             level_prompts = {streams: source.draw(count)
                              for streams, count in zip(levels, counts, strict=True)}
-            batch_prompts = source.draw(BATCH_SIZE)
+            batch_sizes = [BATCH_SIZE, *([LARGE_BATCH_SIZE] if quantized and 64 in levels
+                                         else [])]
+            batch_prompts = [source.draw(size) for size in batch_sizes]
             results = asyncio.run(_drive(server, pki, warm_up, level_prompts, new_tokens))
             server_peak_rss = server.peak_rss_bytes()
         finally:
@@ -77,12 +82,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     # The one-at-a-time baseline runs the prompts of the 1-stream level (else of the first).
     single_prompts = level_prompts.get(1, level_prompts[levels[0]])
-    one_at_a_time, batch = _baselines(model, tokenizer.eos_token_id, warm_up, single_prompts,
-                                      batch_prompts, new_tokens)
+    one_at_a_time, *batches = _baselines(model, tokenizer.eos_token_id, warm_up, single_prompts,
+                                         batch_prompts, new_tokens)
     baseline_peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
     level_rows = {streams: result.row for streams, result in results.items()}
-    rows = [*level_rows.values(), one_at_a_time, batch]
-    goals = report.targets(level_rows, one_at_a_time, batch, server_peak_rss)
+    rows = [*level_rows.values(), one_at_a_time, *batches]
+    goals = (report.quantized_targets(level_rows, one_at_a_time, batches[-1], server_peak_rss)
+             if quantized else
+             report.targets(level_rows, one_at_a_time, batches[0], server_peak_rss))
     errors = [message for result in results.values() for message in result.errors]
     duration_s = time.perf_counter() - started
 
@@ -96,6 +103,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args.out.mkdir(parents=True, exist_ok=True)
     stem = args.out / ("quick" if args.quick else "latest")
+    if quantized:
+        stem = stem.with_name(f"{stem.name}-{args.quantization}")
     details = {
         "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "quick": args.quick,
@@ -104,7 +113,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "workload": {"levels": list(levels), "requests": counts, "max_new_tokens": new_tokens,
                      "ignore_eos": True, "do_sample": False,
                      "prompt_tokens": [args.prompt_min, args.prompt_max], "seed": args.seed,
-                     "static_batch": BATCH_SIZE},
+                     "static_batches": batch_sizes},
+        "quantization": args.quantization,
         "server_config": args.server_config and json.loads(args.server_config.read_text()),
         "server_peak_rss_bytes": server_peak_rss,
         "baseline_peak_rss_bytes": baseline_peak_rss,
@@ -112,7 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     report.write_json(stem.with_suffix(".json"), rows, goals, details)
     stem.with_suffix(".md").write_text(report.markdown(rows, goals))
-    report.plot(stem.with_suffix(".png"), level_rows, [one_at_a_time, batch])
+    report.plot(stem.with_suffix(".png"), level_rows, [one_at_a_time, *batches])
     print(f"wrote {stem}.json, .md and .png")
     return 0
 
@@ -143,6 +153,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--prompt-max", type=int, default=160,
                         help="longest prompt, in tokens (default: 160)")
     parser.add_argument("--seed", type=int, default=1234, help="workload seed (default: 1234)")
+    parser.add_argument("--quantization", choices=QUANTIZATIONS, default="none",
+                        help="the server's --quantization; a quantized run is also compared "
+                             "with transformers' static batch of 64 and written as "
+                             "latest-<scheme>.* (default: none)")
     parser.add_argument("--server-config", type=Path,
                         help="a config file for the server (MindIE-style JSON keys)")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR,
@@ -186,13 +200,14 @@ async def _drive(server: ServerProcess, pki: DevPKIPaths, warm_up: Prompts,
 
 
 def _baselines(model: Path, eos_token_id: int, warm_up: Prompts, single_prompts: Prompts,
-               batch_prompts: Prompts, new_tokens: int) -> tuple[Row, Row]:
-    print(f"transformers: {len(single_prompts)} prompts one at a time, then a static batch of "
-          f"{len(batch_prompts)}", flush=True)
+               batch_prompts: Sequence[Prompts], new_tokens: int) -> list[Row]:
+    """transformers float32: one at a time, then each static batch."""
+    print(f"transformers: {len(single_prompts)} prompts one at a time, then static batches of "
+          f"{', '.join(str(len(prompts)) for prompts in batch_prompts)}", flush=True)
     baseline = Baseline(model, eos_token_id)
     baseline.warm_up(warm_up[0], WARM_UP_TOKENS)
-    return (baseline.one_at_a_time(single_prompts, new_tokens),
-            baseline.static_batch(batch_prompts, new_tokens))
+    return [baseline.one_at_a_time(single_prompts, new_tokens),
+            *(baseline.static_batch(prompts, new_tokens) for prompts in batch_prompts)]
 
 
 def _machine(load_at_start: tuple[float, float, float]) -> dict[str, object]:
