@@ -46,6 +46,7 @@ class ModelInfo:
     special_token_ids: frozenset[int]
     kv_cache_bytes: int
     max_batch_size: int
+    quantization: str = "none"
 
 
 class AsyncEngine:
@@ -96,7 +97,8 @@ class AsyncEngine:
                          num_kv_blocks=num_blocks, block_size=config.block_size,
                          special_token_ids=frozenset(loaded.tokenizer.all_special_ids),
                          kv_cache_bytes=num_blocks * block_bytes,
-                         max_batch_size=config.max_batch_size)
+                         max_batch_size=config.max_batch_size,
+                         quantization=loaded.quantization.scheme)
         return cls(core, loaded.tokenizer, limits, info,
                    max_unfinished=config.max_batch_size + config.max_queue_len,
                    num_threads=config.num_threads)

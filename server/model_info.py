@@ -59,6 +59,7 @@ def model_config(model_name: str, engine: EngineClient | None) -> pb.ModelConfig
                            ("kv_cache_bytes", info.kv_cache_bytes),
                            ("device", info.device),
                            ("dtype", info.dtype),
+                           ("quantization", info.quantization),
                            ("world_size", WORLD_SIZE)):
             config.parameters[key].string_value = str(value)
     return pb.ModelConfigResponse(config=config)

@@ -171,6 +171,16 @@ def test_flags_override_the_config_file(tmp_path: Path) -> None:
             engine_config.max_prefill_tokens) == (1024, 512, 16, 256, 4096)
 
 
+def test_quantization_comes_from_the_config_file_or_the_flag(tmp_path: Path) -> None:
+    path = write_config(tmp_path, {"quantization": "gguf"})
+    assert configs("--config", str(path), "--insecure")[0].quantization == "gguf"
+    assert configs("--config", str(path), "--quantization", "int4",
+                   "--insecure")[0].quantization == "int4"
+    assert configs("--insecure")[0].quantization == "none"
+    with pytest.raises(ValueError, match="quantization must be one of none, int8, int4, gguf"):
+        configs("--config", str(write_config(tmp_path, {"quantization": "int3"})), "--insecure")
+
+
 def test_the_config_file_overrides_the_defaults(tmp_path: Path) -> None:
     engine_config, server_config = configs("--config", str(write_config(tmp_path, mindie_config())),
                                            "--insecure")
