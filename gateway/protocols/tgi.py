@@ -188,14 +188,14 @@ def error_body(status: int, message: str) -> dict[str, object]:
 
 
 def info_json(model_name: str, parameters: Mapping[str, str], version: str) -> dict[str, object]:
-    """GET /info from the model's config parameters (max_seq_len, max_input_len)."""
+    """GET /info from the model's config parameters (limits, dtype, device)."""
     def limit(name: str) -> int | None:
         value = parameters.get(name)
         return int(value) if value is not None else None
 
     return {
-        "model_id": model_name, "model_sha": None, "model_dtype": None,
-        "model_device_type": None, "model_pipeline_tag": "text-generation",
+        "model_id": model_name, "model_sha": None, "model_dtype": parameters.get("dtype"),
+        "model_device_type": parameters.get("device"), "model_pipeline_tag": "text-generation",
         "max_concurrent_requests": None, "max_best_of": limit("max_sequences"),
         "max_stop_sequences": limit("max_stop_sequences"),
         "max_input_length": limit("max_input_len"), "max_input_tokens": limit("max_input_len"),

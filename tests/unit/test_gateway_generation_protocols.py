@@ -474,7 +474,8 @@ def test_tgi_error_body(status: int, error_type: str) -> None:
 
 def test_tgi_info_json_from_the_models_limits() -> None:
     info = tgi.info_json("smollm2", {"max_seq_len": "2048", "max_input_len": "1024",
-                                     "max_sequences": "4"}, "1.2.3")
+                                     "max_sequences": "4", "dtype": "bfloat16",
+                                     "device": "cuda"}, "1.2.3")
     assert (info["model_id"], info["version"], info["router"]) == ("smollm2", "1.2.3",
                                                                    "switchboard")
     assert (info["max_total_tokens"], info["max_input_tokens"], info["max_input_length"],
@@ -482,6 +483,7 @@ def test_tgi_info_json_from_the_models_limits() -> None:
     assert info["max_stop_sequences"] is None
     assert info["max_client_batch_size"] == 1
     assert info["model_pipeline_tag"] == "text-generation"
+    assert (info["model_dtype"], info["model_device_type"]) == ("bfloat16", "cuda")
 
 
 # --- OpenAI: chat requests ---------------------------------------------------------------------
