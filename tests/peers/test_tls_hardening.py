@@ -25,14 +25,15 @@ from test_tritonclient_grpc import generate_text, make_client
 from tritonclient.utils import InferenceServerException
 
 from server.process import GatewayProcess, ServerProcess
-from tls import (CertificateAuthority, Credential, DevPKIPaths, create_crl, issue_certificate,
-                 write_dev_pki)
+from tls import (CertificateAuthority, Credential, DevPKIPaths, create_ca, create_crl,
+                 issue_certificate, write_dev_pki)
 from tls.pki import DEV_HOSTS
 
 KEY_PASSWORD_ENV = "SWITCHBOARD_TLS_KEY_PASSWORD"
 PASSWORD = "correct-horse-battery-7f3a9c"
 RELOADED, NOT_RELOADED = "TLS files reloaded", "TLS files not reloaded"
 BROKEN_KEY = b"-----BEGIN PRIVATE KEY-----\nbroken\n-----END PRIVATE KEY-----\n"
+TCP_ESTABLISHED = "01"  # the state column of /proc/net/tcp
 STREAM_TOKENS = 80  # long enough to be in flight across the rotation
 GENERATE = {"text_input": "The capital of France is",
             "parameters": {"max_new_tokens": 4, "do_sample": False}}
@@ -57,11 +58,13 @@ def load_ca(pki: DevPKIPaths) -> CertificateAuthority:
     return CertificateAuthority.from_pem(pki.ca_cert.read_bytes(), pki.ca_key.read_bytes())
 
 
-def write_client_files(pki: DevPKIPaths, folder: Path, credential: Credential) -> ClientFiles:
+def write_client_files(trusted_ca: Path, folder: Path, credential: Credential) -> ClientFiles:
+    """A test client presenting `credential` (written under `folder`) and trusting the CA
+    certificates of the file `trusted_ca`."""
     cert, key = folder / "client.pem", folder / "client.key.pem"
     cert.write_bytes(credential.certificate_pem())
     key.write_bytes(credential.private_key_pem())
-    return ClientFiles(ca=pki.ca_cert, cert=cert, key=key)
+    return ClientFiles(ca=trusted_ca, cert=cert, key=key)
 
 
 def replace_file(path: Path, data: bytes) -> None:
@@ -112,6 +115,14 @@ def assert_grpc_generates(address: str, files: ClientFiles) -> None:
         assert generate_text(triton, "Hi", max_new_tokens=2)
 
 
+def assert_grpc_handshake_refused(address: str, files: ClientFiles) -> None:
+    """The gRPC server ends the TLS handshake of a client presenting `files`: UNAVAILABLE."""
+    with make_client(address, files) as triton, \
+            pytest.raises(InferenceServerException) as raised:
+        triton.is_server_live()
+    assert raised.value.status() == "StatusCode.UNAVAILABLE"
+
+
 def wait_for_new_line(process: ServerProcess | GatewayProcess, text: str,
                       before: set[str]) -> None:
     """Wait for a log line saying `text` that is not among the lines `before`."""
@@ -127,6 +138,13 @@ def reload_tls(process: ServerProcess | GatewayProcess, expected: str) -> None:
     wait_for_new_line(process, expected, before)
 
 
+def reload_tls_everywhere(server: ServerProcess, gateway: GatewayProcess) -> None:
+    """SIGHUP to the server first: the gateway's new upstream channel then meets the server's
+    new files."""
+    for process in (server, gateway):
+        reload_tls(process, RELOADED)
+
+
 # Expired and revoked client certificates
 
 
@@ -136,7 +154,7 @@ def expired_files(pki, tmp_path_factory) -> ClientFiles:
     expired = issue_certificate(load_ca(pki), "expired-client", kind="client",
                                 hosts=["expired-client"], not_before=now - timedelta(days=2),
                                 not_after=now - timedelta(days=1))
-    return write_client_files(pki, tmp_path_factory.mktemp("expired"), expired)
+    return write_client_files(pki.ca_cert, tmp_path_factory.mktemp("expired"), expired)
 
 
 @pytest.mark.parametrize("plane", PLANES)
@@ -147,17 +165,14 @@ def test_an_expired_client_certificate_fails_the_gateway_handshake(gateway, expi
 
 def test_an_expired_client_certificate_is_refused_by_the_grpc_server(grpc_server,
                                                                      expired_files) -> None:
-    with make_client(grpc_server.address, expired_files) as triton, \
-            pytest.raises(InferenceServerException) as raised:
-        triton.is_server_live()
-    assert raised.value.status() == "StatusCode.UNAVAILABLE"
+    assert_grpc_handshake_refused(grpc_server.address, expired_files)
 
 
 @pytest.fixture(scope="module")
 def revoked_files(pki, tmp_path_factory) -> ClientFiles:
     revoked = issue_certificate(load_ca(pki), "revoked-client", kind="client",
                                 hosts=["revoked-client"])
-    return write_client_files(pki, tmp_path_factory.mktemp("revoked"), revoked)
+    return write_client_files(pki.ca_cert, tmp_path_factory.mktemp("revoked"), revoked)
 
 
 @pytest.fixture(scope="module")
@@ -291,50 +306,76 @@ def test_an_encrypted_key_without_its_password_stops_the_server(encrypted_pki, p
 
 # Certificate rotation
 
+RunningService = tuple[DevPKIPaths, ServerProcess, GatewayProcess]
+LONG_STREAM = {"text_input": "Write a long story about a dragon.",
+               "parameters": {"max_new_tokens": STREAM_TOKENS, "ignore_eos": True,
+                              "do_sample": False}}
 
-@pytest.fixture(scope="module")
-def rotating(tmp_path_factory) -> Iterator[tuple[DevPKIPaths, ServerProcess, GatewayProcess]]:
-    pki = write_dev_pki(tmp_path_factory.mktemp("rotating"))
+
+def service_with_its_own_pki(tmp_path_factory: pytest.TempPathFactory,
+                             name: str) -> Iterator[RunningService]:
+    """A dev PKI in a new folder `name` and a server and gateway using it: a test may rewrite
+    its files without disturbing the services of other tests."""
+    pki = write_dev_pki(tmp_path_factory.mktemp(name))
     with service(pki.folder) as (server, gateway):
         yield pki, server, gateway
+
+
+@pytest.fixture(scope="module")
+def rotating(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningService]:
+    yield from service_with_its_own_pki(tmp_path_factory, "rotating")
+
+
+@pytest.fixture(scope="module")
+def ca_rotating(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningService]:
+    """Apart from `rotating`: a CA rotation retires the CA that its tests' clients trust."""
+    yield from service_with_its_own_pki(tmp_path_factory, "ca-rotating")
 
 
 def own_files(pki: DevPKIPaths) -> ClientFiles:
     return ClientFiles(ca=pki.ca_cert, cert=pki.client_cert, key=pki.client_key)
 
 
-def test_a_rotated_server_certificate_is_served_without_a_restart(rotating) -> None:
-    """New connections get the new certificate; the stream in flight completes."""
-    pki, server, gateway = rotating
-    files, business = own_files(pki), netloc(gateway.url("business"))
-    old_serial = served_serial(business, files)
-    body = {"text_input": "Write a long story about a dragon.",
-            "parameters": {"max_new_tokens": STREAM_TOKENS, "ignore_eos": True,
-                           "do_sample": False}}
-    with open_stream(gateway.url("business"), files, body) as stream:
+@contextlib.contextmanager
+def stream_across(gateway: GatewayProcess, streaming: ClientFiles,
+                  checking: ClientFiles) -> Iterator[None]:
+    """A long stream through the gateway, opened by `streaming` and generating while the body
+    runs (a rotation). Once the body is done the stream must still be in flight (as seen by
+    `checking`, a client the gateway serves then), and then complete: all its tokens, ended by
+    length."""
+    with open_stream(gateway.url("business"), streaming, LONG_STREAM) as stream:
         events = stream.events()
         received = [next(events)]
-        new = issue_certificate(load_ca(pki), "rotated-server", kind="server", hosts=DEV_HOSTS)
-        assert new.serial_number != old_serial
-        replace_file(pki.server_key, new.private_key_pem())
-        replace_file(pki.server_cert, new.certificate_pem())
-        for process in (server, gateway):
-            reload_tls(process, RELOADED)
-        status, slots = request(gateway.url("management"), files,
+        yield
+        status, slots = request(gateway.url("management"), checking,
                                 f"/v2/models/{MODEL}/getSlotCount")
         assert status == 200 and slots["free_slots"] < slots["total_slots"], \
             "the stream was no longer in flight after the rotation"
-        assert served_serial(business, files) == new.serial_number
-        assert served_serial(server.address, files) == new.serial_number
         received += events
     assert len(received) == STREAM_TOKENS
     details = received[-1]["details"]
     assert (details["generated_tokens"], details["finish_reason"]) == (STREAM_TOKENS, "length")
+
+
+def test_a_rotated_server_certificate_is_served_without_a_restart(rotating: RunningService) -> None:
+    """New connections get the new certificate; the stream in flight completes."""
+    pki, server, gateway = rotating
+    files, business = own_files(pki), netloc(gateway.url("business"))
+    old_serial = served_serial(business, files)
+    with stream_across(gateway, files, files):
+        new = issue_certificate(load_ca(pki), "rotated-server", kind="server", hosts=DEV_HOSTS)
+        assert new.serial_number != old_serial
+        replace_file(pki.server_key, new.private_key_pem())
+        replace_file(pki.server_cert, new.certificate_pem())
+        reload_tls_everywhere(server, gateway)
+        assert served_serial(business, files) == new.serial_number
+        assert served_serial(server.address, files) == new.serial_number
     assert_gateway_generates(gateway, files)
     assert_grpc_generates(server.address, files)
 
 
-def test_a_broken_key_on_sighup_is_not_reloaded_and_the_current_one_stays(rotating) -> None:
+def test_a_broken_key_on_sighup_is_not_reloaded_and_the_current_one_stays(
+        rotating: RunningService) -> None:
     pki, server, gateway = rotating
     files, business = own_files(pki), netloc(gateway.url("business"))
     serving = served_serial(business, files)
@@ -349,3 +390,107 @@ def test_a_broken_key_on_sighup_is_not_reloaded_and_the_current_one_stays(rotati
         assert_grpc_generates(server.address, files)
     finally:
         replace_file(pki.server_key, good_key)
+
+
+def client_files_issued_by(ca: CertificateAuthority, name: str, trusted_ca: Path) -> ClientFiles:
+    """A client certificate for `name` issued by `ca`, in a new folder `name` beside
+    `trusted_ca`, the CA file the client trusts."""
+    folder = trusted_ca.parent / name
+    folder.mkdir()
+    credential = issue_certificate(ca, name, kind="client", hosts=[name])
+    return write_client_files(trusted_ca, folder, credential)
+
+
+def upstream_connections(gateway: GatewayProcess, server: ServerProcess) -> set[str]:
+    """The socket inodes of the gateway's established TCP connections to the server (from
+    /proc): a connection opened anew has a new inode."""
+    proc = Path(f"/proc/{gateway.process.pid}")
+    sockets: set[str] = set()
+    for fd in (proc / "fd").iterdir():
+        with contextlib.suppress(FileNotFoundError):  # closed since it was listed
+            link = os.readlink(fd)
+            if link.startswith("socket:["):
+                sockets.add(link.removeprefix("socket:[").removesuffix("]"))
+    server_port = int(server.address.rsplit(":", 1)[1])
+    connections: set[str] = set()
+    for table in ("tcp", "tcp6"):
+        for row in (proc / "net" / table).read_text().splitlines()[1:]:
+            # sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode ...
+            fields = row.split()
+            remote, state, inode = fields[2], fields[3], fields[9]
+            if inode in sockets and state == TCP_ESTABLISHED \
+                    and int(remote.rsplit(":", 1)[1], 16) == server_port:
+                connections.add(inode)
+    return connections
+
+
+def assert_served_on_both_hops(server: ServerProcess, gateway: GatewayProcess,
+                               files: ClientFiles) -> None:
+    """Every gateway plane answers a client presenting `files`, and both hops generate."""
+    for plane in PLANES:
+        reply = curl_with(files, gateway.url(plane) + PLANE_PATHS[plane])
+        assert (reply.exit_code, reply.status) == (0, 200), (plane, reply.stderr)
+    assert_gateway_generates(gateway, files)
+    assert_grpc_generates(server.address, files)
+
+
+def assert_refused_on_both_hops(server: ServerProcess, gateway: GatewayProcess,
+                                files: ClientFiles) -> None:
+    """Every gateway plane and the gRPC server end the handshake of a client presenting
+    `files`."""
+    for plane in PLANES:
+        assert_handshake_refused(curl_with(files, gateway.url(plane) + PLANE_PATHS[plane]))
+    assert_grpc_handshake_refused(server.address, files)
+
+
+def test_a_ca_rotation_trusts_both_cas_then_only_the_new_one_without_a_restart(
+        ca_rotating: RunningService, tmp_path: Path) -> None:
+    """A CA rotation as an operator does it, with a SIGHUP after each step and no restart:
+    the CA file becomes a bundle of the old and the new CA (clients of either are served),
+    then the server and upstream client certificates are reissued by the new CA and the CA
+    file holds the new CA only (clients of the old one are refused). Streams in flight across
+    either step complete, and the gateway keeps reaching the server: it reloads its upstream
+    certificate and the CA it verifies the server's new certificate with. Over a connection
+    opened after the retirement, that is: the connection it had before still works, as
+    established connections are not verified again.
+
+    The test's clients trust both CAs, so that a refusal is the services' and not the
+    client's own distrust of the server certificate."""
+    pki, server, gateway = ca_rotating
+    old_ca, new_ca = load_ca(pki), create_ca("Switchboard rotated CA")
+    old_ca_pem, new_ca_pem = old_ca.certificate_pem(), new_ca.certificate_pem()
+    trusting_both = tmp_path / "old-and-new-ca.pem"
+    trusting_both.write_bytes(old_ca_pem + new_ca_pem)
+    old_client = client_files_issued_by(old_ca, "old-ca-client", trusting_both)
+    new_client = client_files_issued_by(new_ca, "new-ca-client", trusting_both)
+
+    # Before: only the old CA is trusted.
+    assert_served_on_both_hops(server, gateway, old_client)
+    assert_refused_on_both_hops(server, gateway, new_client)
+
+    # The new CA is added beside the old one.
+    with stream_across(gateway, old_client, new_client):
+        replace_file(pki.ca_cert, old_ca_pem + new_ca_pem)
+        reload_tls_everywhere(server, gateway)
+    assert_served_on_both_hops(server, gateway, new_client)
+    assert_served_on_both_hops(server, gateway, old_client)
+
+    # The old CA is retired: certificates reissued by the new CA, which alone is trusted.
+    new_server = issue_certificate(new_ca, "rotated-ca-server", kind="server", hosts=DEV_HOSTS)
+    new_upstream_client = issue_certificate(new_ca, "rotated-ca-gateway", kind="client",
+                                            hosts=["rotated-ca-gateway"])
+    opened_before_the_retirement = upstream_connections(gateway, server)
+    with stream_across(gateway, old_client, new_client):
+        for credential, cert_file, key_file in (
+                (new_server, pki.server_cert, pki.server_key),
+                (new_upstream_client, pki.client_cert, pki.client_key)):
+            replace_file(key_file, credential.private_key_pem())
+            replace_file(cert_file, credential.certificate_pem())
+        replace_file(pki.ca_cert, new_ca_pem)
+        reload_tls_everywhere(server, gateway)
+    for address in (netloc(gateway.url("business")), server.address):
+        assert served_serial(address, new_client) == new_server.serial_number
+    assert_refused_on_both_hops(server, gateway, old_client)
+    assert_served_on_both_hops(server, gateway, new_client)
+    assert upstream_connections(gateway, server) - opened_before_the_retirement, \
+        "the gateway reached the server only over connections opened before the CA retirement"
