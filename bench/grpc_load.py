@@ -23,8 +23,11 @@ REQUEST_TIMEOUT_US = 3600 * 1_000_000
 
 @dataclass(slots=True)
 class Timing:
-    """What one request measured: seconds to its first token, per-token gaps after it."""
+    """What one request measured: seconds to its first token, per-token gaps after it.
+    joins_running: sent by a worker after its first request, so into a batch of other
+    streams decoding, rather than in the level's opening burst."""
 
+    joins_running: bool
     ttft_s: float | None = None
     tpots_s: list[float] = field(default_factory=list)
     tokens: int = 0
@@ -54,8 +57,9 @@ async def run_level(channel: grpc.aio.Channel, model_name: str, name: str, strea
     timings: list[Timing] = []
 
     async def worker() -> None:
-        for prompt in pending:
-            timings.append(await _one_request(stub, model_name, prompt, max_new_tokens))
+        for index, prompt in enumerate(pending):
+            timings.append(await _one_request(stub, model_name, prompt, max_new_tokens,
+                                              joins_running=index > 0))
 
     cpu_start, start = cpu_seconds(), time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(streams)))
@@ -64,7 +68,8 @@ async def run_level(channel: grpc.aio.Channel, model_name: str, name: str, strea
     errors = [timing.error for timing in timings if timing.error is not None]
     row = make_row(name, streams, len(timings), len(errors), sum(t.tokens for t in timings),
                    wall_s, cpu_s, [t.ttft_s for t in timings if t.ttft_s is not None],
-                   [gap for t in timings for gap in t.tpots_s])
+                   [gap for t in timings for gap in t.tpots_s],
+                   [t.ttft_s for t in timings if t.ttft_s is not None and t.joins_running])
     return LevelResult(row, errors)
 
 
@@ -81,13 +86,14 @@ def _request(model_name: str, prompt: tuple[int, ...],
 
 
 async def _one_request(stub: pb_grpc.GRPCInferenceServiceStub, model_name: str,
-                       prompt: tuple[int, ...], max_new_tokens: int) -> Timing:
+                       prompt: tuple[int, ...], max_new_tokens: int, *,
+                       joins_running: bool) -> Timing:
     request = _request(model_name, prompt, max_new_tokens)
 
     async def requests() -> AsyncIterator[pb.ModelInferRequest]:
         yield request
 
-    timing = Timing()
+    timing = Timing(joins_running)
     reported: int | None = None
     start = last = time.perf_counter()
     try:

@@ -19,7 +19,7 @@ from bench.metrics import Row  # noqa: E402
 
 GIB = 1024 ** 3
 HEADERS = ("run", "streams", "requests", "errors", "tokens/s", "TTFT p50 ms", "TTFT p99 ms",
-           "TPOT p50 ms", "TPOT p99 ms", "CPU %")
+           "joining TTFT p50 ms", "TPOT p50 ms", "TPOT p99 ms", "CPU %")
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +62,8 @@ def quantized_targets(levels: Mapping[int, Row], one_at_a_time: Row, batch: Row,
                       server_peak_rss: int) -> list[Target]:
     """Targets of a quantized run (issue 8): decode speed of one stream (1 / TPOT p50),
     throughput at 64 streams against transformers' static batch of 64, time to first token
-    at 16 streams while the others decode, memory."""
+    at 16 streams of the requests that join while the others decode (the level's opening
+    burst of 16 prompts at once is not that case), memory."""
     single, sixteen, high = (levels.get(streams) for streams in (1, 16, 64))
     nan = float("nan")
     return [
@@ -76,8 +77,8 @@ def quantized_targets(levels: Mapping[int, Row], one_at_a_time: Row, batch: Row,
         Target(f"64 streams tokens/s ÷ transformers static batch of {batch.streams}",
                high.tokens_per_s / batch.tokens_per_s if high else nan, "≥ 1.6",
                lambda value: value >= 1.6),
-        Target("16 streams TTFT p50, s", sixteen.ttft_p50_s if sixteen else nan, "≤ 1",
-               lambda value: value <= 1),
+        Target("16 streams TTFT p50 joining the others decoding, s",
+               sixteen.joining_ttft_p50_s if sixteen else nan, "≤ 1", lambda value: value <= 1),
         Target("server peak RSS, GiB", server_peak_rss / GIB, "≤ 1.5",
                lambda value: value <= 1.5),
     ]
@@ -142,7 +143,8 @@ def plot(path: Path, levels: Mapping[int, Row], baselines: Sequence[Row]) -> Non
 
 
 def _cells(row: Row) -> tuple[str, ...]:
-    milliseconds = (row.ttft_p50_s, row.ttft_p99_s, row.tpot_p50_s, row.tpot_p99_s)
+    milliseconds = (row.ttft_p50_s, row.ttft_p99_s, row.joining_ttft_p50_s, row.tpot_p50_s,
+                    row.tpot_p99_s)
     return (row.name, str(row.streams), str(row.requests), str(row.errors),
             _number(row.tokens_per_s, 1), *(_number(1000 * value, 0) for value in milliseconds),
             _number(row.cpu_percent, 0))
