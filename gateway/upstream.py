@@ -7,6 +7,7 @@ import asyncio
 import grpc
 
 from gateway.config import UpstreamConfig
+from gateway.protocols.parameters import MAX_DEADLINE_S
 from proto import grpc_service_pb2_grpc as pb_grpc
 from proto import switchboard_pb2_grpc as sb_grpc
 
@@ -17,8 +18,6 @@ MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 # Reconnection attempts while the server is away: from 0.2 s apart, growing to 2 s at most
 # (gRPC's default grows to 120 s), so that the gateway serves again soon after it is back.
 RECONNECT_BACKOFF_MS = (200, 2000)
-# A request cannot outlive its timeout (at most an hour): by then a retired channel is idle.
-RETIRED_CHANNEL_GRACE_S = 3600.0
 
 
 class Upstream:
@@ -47,7 +46,8 @@ class Upstream:
         the old channel closes once the calls on it have ended."""
         retired = self.channel
         self._connect()
-        task = asyncio.ensure_future(retired.close(grace=RETIRED_CHANNEL_GRACE_S))
+        # A request cannot outlive the longest timeout: by then the retired channel is idle.
+        task = asyncio.ensure_future(retired.close(grace=MAX_DEADLINE_S))
         self._retiring.add(task)
         task.add_done_callback(self._retiring.discard)
 
