@@ -12,6 +12,8 @@ from gateway.errors import RequestError, bad_request
 from gateway.protocols.parameters import UINT32_MAX, set_parameters
 from proto import switchboard_pb2 as sb
 
+# The server's name for the prompt, whatever a protocol calls it.
+PROMPT = "prompt"
 # The server's InvalidRequest messages start with the field's name.
 _FIELD = re.compile(r"(?P<field>[A-Za-z_][\w.\[\]]*): (?P<reason>.*)", re.DOTALL)
 
@@ -22,6 +24,10 @@ def generate_request(model: str, prompt: str | list[int] | sb.ChatMessages,
     """The request (an empty model names the served one) and the call's deadline in seconds.
     `parameters` are under MindIE's names; `names` (the protocol's names → MindIE's) puts a
     refused field back under the name the client sent."""
+    if PROMPT in parameters:
+        # Refused here, under its own name: the server's refusal would name its prompt field,
+        # which `names` turns into the protocol's (MindIE's `inputs`).
+        raise bad_request(PROMPT, "unknown parameter: the prompt is the request's own field")
     request = sb.GenerateRequest(model_name=model, id=client_id)
     try:
         if isinstance(prompt, str):
@@ -29,7 +35,7 @@ def generate_request(model: str, prompt: str | list[int] | sb.ChatMessages,
         elif isinstance(prompt, sb.ChatMessages):
             request.messages.CopyFrom(prompt)
         elif not all(0 <= token_id <= UINT32_MAX for token_id in prompt):
-            raise bad_request("prompt", f"token ids must be in [0, {UINT32_MAX}]")
+            raise bad_request(PROMPT, f"token ids must be in [0, {UINT32_MAX}]")
         else:
             request.token_ids.ids.extend(prompt)
         if isinstance(parameters.get("stop"), str):

@@ -40,6 +40,10 @@ def test_infer_token_request_carries_token_ids() -> None:
     ({"input_id": [5, True]}, True, "input_id"),
     ({"inputs": "x", "parameters": {"skip_special_tokens": False}}, False, "skip_special_tokens"),
     ({"inputs": "x", "stream": "yes"}, False, "stream"),
+    # A parameter named like the server's prompt field keeps its own name (found by
+    # test_translator_properties: it was reported as `inputs`).
+    ({"inputs": "x", "parameters": {"prompt": -2**63 - 1}}, False, "prompt"),
+    ({"input_id": [5], "parameters": {"prompt": "y"}}, True, "prompt"),
 ])
 def test_bad_requests_are_refused_naming_the_field(body: dict, tokens: bool, field: str) -> None:
     with pytest.raises(RequestError) as caught:
