@@ -14,9 +14,9 @@ with a symmetric one. Two ways to multiply, picked by the number of rows:
 Both ways use the same (bf16-rounded) scales, so they compute the same weights.
 
 The `gguf` scheme keeps a GGUF file's own precision per tensor: its 4-bit blocks stay 4-bit in
-groups of 32, which for Q4_0/Q4_1 re-derives the file's grid exactly (their quantizer maps
-each block's min and max to the end codes, so min/max recovers the scale and offset), and wider
-types become int8 per channel.
+groups of 32, which for Q4_1 re-derives the file's grid exactly (its quantizer maps each
+block's min and max to the end codes, so min/max recovers the scale and offset; other 4-bit
+types are re-quantized on that grid), and wider types become int8 per channel.
 """
 
 from __future__ import annotations
