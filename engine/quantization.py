@@ -83,24 +83,19 @@ class QuantizedWeight:
     def shape(self) -> torch.Size:
         return self.codes.shape
 
-    def dequantize_into(self, rows: slice, out: torch.Tensor) -> torch.Tensor:
-        """The fp32 weight of output channels `rows`, written into `out` (any buffer with room)."""
+    def dequantize(self, rows: slice | torch.Tensor,
+                   out: torch.Tensor | None = None) -> torch.Tensor:
+        """The fp32 weight of output channels `rows` (a slice, or indices: an embedding
+        lookup), written into `out` when given (any buffer with room)."""
         codes = self.codes[rows]
         num_rows, in_features = codes.shape
-        num_groups = self.scales.shape[1]
-        grouped = out.view(-1)[:num_rows * in_features].view(num_rows, num_groups, -1)
-        torch.mul(codes.view(grouped.shape), self.scales[rows], out=grouped)
+        grouped_shape = (num_rows, self.scales.shape[1], -1)
+        if out is not None:
+            out = out.view(-1)[:num_rows * in_features].view(grouped_shape)
+        weight = torch.mul(codes.view(grouped_shape), self.scales[rows], out=out)
         if self.zeros is not None:
-            grouped.add_(self.zeros[rows])
-        return grouped.view(num_rows, in_features)
-
-    def rows(self, index: torch.Tensor) -> torch.Tensor:
-        """The fp32 weight rows at `index` (an embedding lookup)."""
-        codes = self.codes[index].view(len(index), self.scales.shape[1], -1)
-        weight = codes * self.scales[index]
-        if self.zeros is not None:
-            weight += self.zeros[index]
-        return weight.view(len(index), -1)
+            weight.add_(self.zeros[rows])
+        return weight.view(num_rows, in_features)
 
 
 class Scratch:
@@ -151,7 +146,7 @@ class QuantizedProjection:
         xt = x.t()
         for start in range(0, out_features, channels):
             rows = slice(start, min(start + channels, out_features))
-            torch.mm(self.weight.dequantize_into(rows, buffer), xt, out=y_t[rows])
+            torch.mm(self.weight.dequantize(rows, buffer), xt, out=y_t[rows])
         return y_t.t().contiguous()
 
 
@@ -162,7 +157,7 @@ class QuantizedEmbedding:
         self.weight = weight
 
     def __call__(self, token_ids: torch.Tensor) -> torch.Tensor:
-        return self.weight.rows(token_ids)
+        return self.weight.dequantize(token_ids)
 
 
 @dataclass(frozen=True, slots=True)
