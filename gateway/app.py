@@ -30,10 +30,13 @@ from gateway.upstream import Upstream
 logger = logging.getLogger(__name__)
 
 MODEL = r"/v2/models/(?P<model>[\w\-.]+)(?:/versions/(?P<version>[\w\-.]+))?"
+# Probes and model information, served on the business and the management planes alike.
 HEALTH_ROUTES: list[tuple[str, type[Handler], str]] = [
     (r"/v2/health/live", triton.ServerLiveHandler, "health_live"),
     (r"/v2/health/ready", triton.ServerReadyHandler, "health_ready"),
     (MODEL + r"/ready", triton.ModelReadyHandler, "model_ready"),
+    (r"/health", generation.HealthHandler, "health"),
+    (r"/info", generation.InfoHandler, "tgi_info"),
 ]
 ROUTES: dict[Plane, list[tuple[str, type[tornado.web.RequestHandler], str]]] = {
     Plane.BUSINESS: [
@@ -48,8 +51,6 @@ ROUTES: dict[Plane, list[tuple[str, type[tornado.web.RequestHandler], str]]] = {
         (r"/", generation.TgiCompatHandler, "tgi_compat"),
         (r"/generate", generation.SharedGenerateHandler, "tgi_vllm_generate"),
         (r"/generate_stream", generation.TgiStreamHandler, "tgi_generate_stream"),
-        (r"/info", generation.InfoHandler, "tgi_info"),
-        (r"/health", generation.HealthHandler, "health"),
         (r"/v1/models", generation.ModelsHandler, "openai_models"),
         (r"/v1/models/(?P<model>[^/]+)", generation.ModelsHandler, "openai_model"),
         (r"/v1/chat/completions", generation.ChatCompletionsHandler, "openai_chat"),
@@ -62,9 +63,7 @@ ROUTES: dict[Plane, list[tuple[str, type[tornado.web.RequestHandler], str]]] = {
     Plane.MANAGEMENT: [
         *HEALTH_ROUTES,
         (r"/v2/models/(?P<model>[\w\-.]+)/getSlotCount", triton.SlotCountHandler, "slot_count"),
-        (r"/health", generation.HealthHandler, "health"),
         (r"/health/timed(?:-(?P<seconds>[^/]*))?", management.HealthTimedHandler, "health_timed"),
-        (r"/info", generation.InfoHandler, "tgi_info"),
         (r"/stopService", management.StopServiceHandler, "stop_service"),
         (r"/v1/config", management.ConfigHandler, "mindie_config"),
         (r"/v1/status", management.StatusHandler, "mindie_status"),

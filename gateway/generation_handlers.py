@@ -27,7 +27,6 @@ class GenerationHandler(Handler):
     names → MindIE's)."""
 
     names: Mapping[str, str] = {}
-    runs_inference = True
 
     def generate(self, request: sb.GenerateRequest, deadline_s: float
                  ) -> grpc.aio.UnaryStreamCall:
@@ -48,12 +47,6 @@ class GenerationHandler(Handler):
         status, message, _ = self.describe_field_error(error, status)
         return status, self.error_body(status, message)
 
-    async def model_names(self) -> list[str]:
-        index = await self.track(self.upstream.inference.RepositoryIndex(
-            pb.RepositoryIndexRequest(), timeout=METADATA_TIMEOUT_S))
-        return [model.name for model in index.models]
-
-
 class TgiHandler(GenerationHandler):
     """TGI's routes: errors `{"error", "error_type"}`, validation failures 422."""
 
@@ -72,9 +65,7 @@ class TgiHandler(GenerationHandler):
 
     async def health(self) -> None:
         """TGI's and vLLM's probe: 200 with an empty body when the model is ready, else 503."""
-        response = await self.track(self.upstream.inference.ServerReady(
-            pb.ServerReadyRequest(), timeout=METADATA_TIMEOUT_S))
-        if not response.ready or self.services.lifecycle.stopping:
+        if not await self.is_server_ready():
             raise RequestError(503, "unhealthy")
         self.finish()
 
@@ -96,6 +87,8 @@ class TgiHandler(GenerationHandler):
 
 
 class TgiGenerateHandler(TgiHandler):
+    runs_inference = True
+
     async def post(self) -> None:
         await self.generate_tgi(parse_json(self.body))
 
@@ -116,6 +109,8 @@ class TgiCompatHandler(TgiGenerateHandler):
 
 class SharedGenerateHandler(TgiHandler):
     """POST /generate: TGI's (`inputs`) or vLLM's demo server's (`prompt`) by the body."""
+
+    runs_inference = True
 
     async def post(self) -> None:
         document = parse_json(self.body)
@@ -142,16 +137,10 @@ class SharedGenerateHandler(TgiHandler):
 
 class InfoHandler(TgiHandler):
     async def get(self) -> None:
-        names = await self.model_names()
-        if not names:
-            raise RequestError(503, "no model is loaded")
-        config = await self.track(self.upstream.inference.ModelConfig(
-            pb.ModelConfigRequest(name=names[0]), timeout=METADATA_TIMEOUT_S))
+        name, parameters = await self.served_model_parameters()
         metadata = await self.track(self.upstream.inference.ServerMetadata(
             pb.ServerMetadataRequest(), timeout=METADATA_TIMEOUT_S))
-        parameters = {name: value.string_value
-                      for name, value in config.config.parameters.items()}
-        self.write_json(tgi.info_json(names[0], parameters, metadata.version))
+        self.write_json(tgi.info_json(name, parameters, metadata.version))
 
 
 class HealthHandler(TgiHandler):
@@ -183,6 +172,8 @@ class ModelsHandler(OpenAIHandler):
 
 class CompletionsHandler(OpenAIHandler):
     """/v1/chat/completions and /v1/completions (`chat` chooses)."""
+
+    runs_inference = True
 
     chat = False
 
@@ -274,6 +265,8 @@ async def _merged(calls: list[grpc.aio.UnaryStreamCall]
 class MindIEHandler(GenerationHandler):
     """MindIE's native routes: errors `{"error", "error_type"}`; a field refused by the
     gateway or the server is 422 (Input Validation Error), malformed JSON 400."""
+
+    runs_inference = True
 
     status_table = mindie.HTTP_STATUS
     tokens = False  # /infer_token: token ids in and out

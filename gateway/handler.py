@@ -19,6 +19,7 @@ from gateway.lifecycle import Lifecycle
 from gateway.metrics import GatewayMetrics
 from gateway.sse import CONTENT_TYPE, sse_event
 from gateway.upstream import Upstream
+from proto import grpc_service_pb2 as pb
 
 logger = logging.getLogger(__name__)
 Response = TypeVar("Response")
@@ -64,6 +65,27 @@ class Handler(tornado.web.RequestHandler):
         if self.runs_inference and self.request.method == "POST":
             self.services.lifecycle.enter()
             self._in_flight = True
+
+    async def is_server_ready(self) -> bool:
+        """Ready for inference: the server says so, and this gateway is not stopping."""
+        response = await self.track(self.upstream.inference.ServerReady(
+            pb.ServerReadyRequest(), timeout=METADATA_TIMEOUT_S))
+        return response.ready and not self.services.lifecycle.stopping
+
+    async def model_names(self) -> list[str]:
+        index = await self.track(self.upstream.inference.RepositoryIndex(
+            pb.RepositoryIndexRequest(), timeout=METADATA_TIMEOUT_S))
+        return [model.name for model in index.models]
+
+    async def served_model_parameters(self) -> tuple[str, dict[str, str]]:
+        """The served model's name and its config parameters (limits, device, dtype…)."""
+        names = await self.model_names()
+        if not names:
+            raise RequestError(503, "no model is loaded")
+        response = await self.track(self.upstream.inference.ModelConfig(
+            pb.ModelConfigRequest(name=names[0]), timeout=METADATA_TIMEOUT_S))
+        return names[0], {key: value.string_value
+                          for key, value in response.config.parameters.items()}
 
     def on_finish(self) -> None:
         if self._in_flight:

@@ -12,7 +12,6 @@ import prometheus_client
 from gateway.errors import RequestError, client_message
 from gateway.handler import METADATA_TIMEOUT_S, Handler
 from gateway.protocols import mindie, mindie_management
-from proto import grpc_service_pb2 as pb
 from proto import switchboard_pb2 as sb
 
 logger = logging.getLogger(__name__)
@@ -71,16 +70,7 @@ class StopServiceHandler(ManagementHandler):
 
 class ConfigHandler(ManagementHandler):
     async def get(self) -> None:
-        index = await self.track(self.upstream.inference.RepositoryIndex(
-            pb.RepositoryIndexRequest(), timeout=METADATA_TIMEOUT_S))
-        if not index.models:
-            raise RequestError(503, "no model is served")
-        name = index.models[0].name
-        response = await self.track(self.upstream.inference.ModelConfig(
-            pb.ModelConfigRequest(name=name), timeout=METADATA_TIMEOUT_S))
-        parameters = {key: value.string_value
-                      for key, value in response.config.parameters.items()}
-        self.write_json(mindie_management.config_json(name, parameters))
+        self.write_json(mindie_management.config_json(*await self.served_model_parameters()))
 
 
 class StatusHandler(ManagementHandler):

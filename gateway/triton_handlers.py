@@ -30,9 +30,7 @@ class ServerLiveHandler(Handler):
 
 class ServerReadyHandler(ServerLiveHandler):
     async def get(self) -> None:
-        response = await self.track(self.upstream.inference.ServerReady(
-            pb.ServerReadyRequest(), timeout=METADATA_TIMEOUT_S))
-        self._answer(response.ready and not self.services.lifecycle.stopping,
+        self._answer(await self.is_server_ready(),
                      "the model is not ready (still loading, or stopping)")
 
 
@@ -40,7 +38,8 @@ class ModelReadyHandler(ServerLiveHandler):
     async def get(self, model: str, version: str | None = None) -> None:
         response = await self.track(self.upstream.inference.ModelReady(
             pb.ModelReadyRequest(name=model, version=version or ""), timeout=METADATA_TIMEOUT_S))
-        self._answer(response.ready, f"model {model!r} is not ready")
+        self._answer(response.ready and not self.services.lifecycle.stopping,
+                     f"model {model!r} is not ready")
 
 
 class ServerMetadataHandler(Handler):

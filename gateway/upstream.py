@@ -23,7 +23,6 @@ RECONNECT_BACKOFF_MS = (200, 2000)
 class Upstream:
     def __init__(self, config: UpstreamConfig) -> None:
         self.config = config
-        self.target = config.target
         self._retiring: set[asyncio.Task[None]] = set()
         self._connect()
 

@@ -24,10 +24,6 @@ def generate_request(model: str, prompt: str | list[int] | sb.ChatMessages,
     """The request (an empty model names the served one) and the call's deadline in seconds.
     `parameters` are under MindIE's names; `names` (the protocol's names → MindIE's) puts a
     refused field back under the name the client sent."""
-    if PROMPT in parameters:
-        # Refused here, under its own name: the server's refusal would name its prompt field,
-        # which `names` turns into the protocol's (MindIE's `inputs`).
-        raise bad_request(PROMPT, "unknown parameter: the prompt is the request's own field")
     request = sb.GenerateRequest(model_name=model, id=client_id)
     try:
         if isinstance(prompt, str):

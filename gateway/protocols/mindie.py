@@ -14,7 +14,7 @@ from __future__ import annotations
 import grpc
 
 from gateway.errors import bad_request
-from gateway.protocols.generation import Generation, generate_request, optional_bool
+from gateway.protocols.generation import PROMPT, Generation, generate_request, optional_bool
 from gateway.protocols.kserve import optional_string, require_object
 from gateway.protocols.parameters import json_type
 from proto import switchboard_pb2 as sb
@@ -58,6 +58,10 @@ def infer_request_to_pb(document: object, tokens: bool
     for name in ("n", "best_of"):
         if parameters.get(name) not in (None, 1):
             raise bad_request(name, "MindIE's native routes generate one sequence: must be 1")
+    if PROMPT in parameters:
+        # Refused here, under its own name: parameters travel as they are, and the server's
+        # refusal would name its prompt field, which NAMES turns into `inputs`.
+        raise bad_request(PROMPT, "unknown parameter: the prompt is the request's own field")
     details = optional_bool(parameters, "details")
     request, deadline_s = generate_request("", prompt, parameters,
                                            optional_string(document, "id"),

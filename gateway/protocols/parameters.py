@@ -55,8 +55,8 @@ def set_parameters(target: Mapping[str, pb.InferParameter], values: Mapping[str,
         elif name == "timeout":
             if isinstance(value, bool) or not isinstance(value, (int, float)) \
                     or not 0 < value < math.inf:
-                raise bad_request("timeout", f"must be a number of seconds in (0, 3600]; got "
-                                  f"{json.dumps(value)}")
+                raise bad_request("timeout", f"must be a number of seconds in "
+                                  f"(0, {MAX_DEADLINE_S:g}]; got {json.dumps(value)}")
             # Out-of-range timeouts are the server's to refuse; they only must fit on the way,
             # and the call's deadline must stay within what gRPC's clock can hold.
             capped = min(value, INT64_MAX // MICROSECONDS)

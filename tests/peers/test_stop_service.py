@@ -130,6 +130,8 @@ def test_stop_service_drains_the_streams_then_both_processes_exit(service, clien
     again = request(management, client_files, "/stopService")
     assert again[0] == 500 and set(again[1]) == {"error", "error_type"}, again
     assert request(management, client_files, "/health/timed-5") == (200, {"status": "healthy"})
+    assert fetch(management, client_files, f"/v2/models/{MODEL}/ready")[0] == 503
+    assert fetch(gateway.url("business"), client_files, "/health", {})[0] == 405  # no inference
     assert not any(stream.done.done() for stream in streams), "the drain ended too early to test"
 
     status, body, answered_at = stop.result(timeout=REQUEST_TIMEOUT_S)
