@@ -14,8 +14,8 @@ def test_a_short_soak_passes(tmp_path) -> None:
     out = tmp_path / "soak.json"
     run = subprocess.run([sys.executable, "-m", "bench.soak", "--duration", str(SOAK_S),
                           "--out", str(out)], capture_output=True, text=True, timeout=600)
-    figures = json.loads(out.read_text())
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    figures = json.loads(out.read_text())
     assert (figures["leaked_kv_blocks"], figures["leaked_slots"], figures["unexpected_5xx"],
             figures["failed"]) == (0, 0, 0, 0)
     requests = figures["requests"]

@@ -24,12 +24,12 @@ from test_gateway_tls import PLANE_PATHS, PLANES, assert_handshake_refused
 from test_tritonclient_grpc import generate_text, make_client
 from tritonclient.utils import InferenceServerException
 
+from server.cli import KEY_PASSWORD_ENV
 from server.process import GatewayProcess, ServerProcess
 from tls import (CertificateAuthority, Credential, DevPKIPaths, create_ca, create_crl,
                  issue_certificate, write_dev_pki)
 from tls.pki import DEV_HOSTS
 
-KEY_PASSWORD_ENV = "SWITCHBOARD_TLS_KEY_PASSWORD"
 PASSWORD = "correct-horse-battery-7f3a9c"
 RELOADED, NOT_RELOADED = "TLS files reloaded", "TLS files not reloaded"
 BROKEN_KEY = b"-----BEGIN PRIVATE KEY-----\nbroken\n-----END PRIVATE KEY-----\n"

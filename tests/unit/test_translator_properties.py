@@ -26,10 +26,10 @@ from hypothesis import strategies as st
 
 from gateway.errors import RequestError
 from gateway.protocols import kserve, mindie, mindie_management, openai, tgi, triton, vllm
-from gateway.protocols.parameters import INT64_MAX, MICROSECONDS, UINT64_MAX, parameter_value
+from gateway.protocols.parameters import (INT64_MAX, MICROSECONDS, UINT32_MAX, UINT64_MAX,
+                                          parameter_value)
 from proto.tensor_bytes import deserialize_bytes
 
-UINT32_MAX = 2**32 - 1
 PROPERTY = settings(max_examples=100, deadline=None, database=None)
 ROUND_TRIP = settings(max_examples=40, deadline=None, database=None)
 
