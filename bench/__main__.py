@@ -27,8 +27,8 @@ from bench.baseline import Baseline
 from bench.grpc_load import LevelResult, run_level, secure_channel
 from bench.metrics import Row
 from bench.workload import PARAGRAPH, PromptSource
-from engine.config import QUANTIZATIONS
-from engine.loader import default_model_path, hf_folder
+from engine.config import DTYPES, QUANTIZATIONS
+from engine.loader import default_model_path, hf_folder, resolve_device, resolve_dtype
 from server.cli import default_cache_dir
 from server.process import ServerProcess
 from tls import DevPKIPaths, write_dev_pki
@@ -54,6 +54,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.exit("--max-new-tokens must be at least 2 (TPOT needs two tokens)")
     counts = [max(args.requests_per_stream * streams, args.min_requests) for streams in levels]
     quantized = args.quantization != "none"
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    model = hf_folder(args.model or default_model_path(), default_cache_dir())
     load_at_start = os.getloadavg()
     started = time.perf_counter()
 
@@ -62,10 +65,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("starting the server (its first start on a machine converts the model, ~30 s)",
               flush=True)
         server = ServerProcess("--tls-dir", str(pki.folder), "--quantization", args.quantization,
+                               "--model", str(model), "--device", device.type,
+                               "--dtype", str(dtype).removeprefix("torch."),
                                *(["--config", str(args.server_config)] if args.server_config else []))
         try:
             server.wait_ready()
-            model = _model_folder()
             tokenizer = AutoTokenizer.from_pretrained(model)
             source = PromptSource(tokenizer.encode(PARAGRAPH, add_special_tokens=False),
                                   args.seed, args.prompt_min, args.prompt_max)
@@ -82,8 +86,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     # The one-at-a-time baseline runs the prompts of the 1-stream level (else of the first).
     single_prompts = level_prompts.get(1, level_prompts[levels[0]])
-    one_at_a_time, *batches = _baselines(model, tokenizer.eos_token_id, warm_up, single_prompts,
-                                         batch_prompts, new_tokens)
+    one_at_a_time, *batches = _baselines(Baseline(model, tokenizer.eos_token_id, device, dtype),
+                                         warm_up, single_prompts, batch_prompts, new_tokens)
     baseline_peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
     level_rows = {streams: result.row for streams, result in results.items()}
     rows = [*level_rows.values(), one_at_a_time, *batches]
@@ -102,9 +106,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {message}")
 
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = args.out / ("quick" if args.quick else "latest")
-    if quantized:
-        stem = stem.with_name(f"{stem.name}-{args.quantization}")
+    stem = args.out / "-".join(["quick" if args.quick else "latest",
+                                *([args.quantization] if quantized else []),
+                                *([device.type] if device.type != "cpu" else []),
+                                *([args.model.stem] if args.model else [])])
     details = {
         "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "quick": args.quick,
@@ -115,6 +120,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                      "prompt_tokens": [args.prompt_min, args.prompt_max], "seed": args.seed,
                      "static_batches": batch_sizes},
         "quantization": args.quantization,
+        "model": str(args.model or default_model_path()),
+        "device": _device_name(device),
+        "dtype": str(dtype).removeprefix("torch."),
         "server_config": args.server_config and json.loads(args.server_config.read_text()),
         "server_peak_rss_bytes": server_peak_rss,
         "baseline_peak_rss_bytes": baseline_peak_rss,
@@ -157,6 +165,16 @@ def _parser() -> argparse.ArgumentParser:
                         help="the server's --quantization; a quantized run is also compared "
                              "with transformers' static batch of 64 and written as "
                              "latest-<scheme>.* (default: none)")
+    parser.add_argument("--model", type=Path,
+                        help="a Hugging Face folder or .gguf file for the server and the "
+                             "baseline (default: the packaged SmolLM2); results are written as "
+                             "latest-...-<its name>.*")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                        help="where the server and the baseline run (default: auto, CUDA if "
+                             "present); results on a GPU are written as latest-...-cuda.*")
+    parser.add_argument("--dtype", choices=DTYPES, default="auto",
+                        help="the server's and the baseline's dtype (default: auto, float32 "
+                             "on CPU, bfloat16 on GPU)")
     parser.add_argument("--server-config", type=Path,
                         help="a config file for the server (MindIE-style JSON keys)")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR,
@@ -173,12 +191,6 @@ def _levels(text: str) -> tuple[int, ...]:
     if any(level < 1 for level in levels) or len(set(levels)) != len(levels):
         raise argparse.ArgumentTypeError("levels must be distinct positive integers")
     return levels
-
-
-def _model_folder() -> Path:
-    """The Hugging Face folder the server loads: the packaged GGUF's conversion, in the cache
-    folder server/cli.py defaults to (the server has converted it by the time it is ready)."""
-    return hf_folder(default_model_path(), default_cache_dir())
 
 
 async def _drive(server: ServerProcess, pki: DevPKIPaths, warm_up: Prompts,
@@ -199,15 +211,18 @@ async def _drive(server: ServerProcess, pki: DevPKIPaths, warm_up: Prompts,
     return results
 
 
-def _baselines(model: Path, eos_token_id: int, warm_up: Prompts, single_prompts: Prompts,
+def _baselines(baseline: Baseline, warm_up: Prompts, single_prompts: Prompts,
                batch_prompts: Sequence[Prompts], new_tokens: int) -> list[Row]:
-    """transformers float32: one at a time, then each static batch."""
+    """transformers on the server's device and dtype: one at a time, then each static batch."""
     print(f"transformers: {len(single_prompts)} prompts one at a time, then static batches of "
           f"{', '.join(str(len(prompts)) for prompts in batch_prompts)}", flush=True)
-    baseline = Baseline(model, eos_token_id)
     baseline.warm_up(warm_up[0], WARM_UP_TOKENS)
     return [baseline.one_at_a_time(single_prompts, new_tokens),
             *(baseline.static_batch(prompts, new_tokens) for prompts in batch_prompts)]
+
+
+def _device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor()
 
 
 def _machine(load_at_start: tuple[float, float, float]) -> dict[str, object]:

@@ -1,5 +1,5 @@
-"""The baseline: plain transformers `generate` on the same converted model, in this process
-(run after the server has stopped, so the two never share the CPU). `min_new_tokens` equal to
+"""The baseline: plain transformers `generate` on the same converted model, device and dtype,
+in this process (run after the server has stopped, so the two never share the CPU or GPU). `min_new_tokens` equal to
 `max_new_tokens` makes it generate exactly as many tokens as the server does with ignore_eos."""
 
 from __future__ import annotations
@@ -15,10 +15,12 @@ from bench.metrics import Row, make_row
 
 
 class Baseline:
-    def __init__(self, folder: Path, eos_token_id: int) -> None:
+    def __init__(self, folder: Path, eos_token_id: int, device: torch.device,
+                 dtype: torch.dtype) -> None:
         self.model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(
-            folder, dtype=torch.float32).eval()
+            folder, dtype=dtype).to(device).eval()
         self.eos = eos_token_id
+        self.device = device
 
     def warm_up(self, prompt: tuple[int, ...], new_tokens: int) -> None:
         self._generate([prompt], new_tokens)
@@ -53,12 +55,16 @@ class Baseline:
                   new_tokens: int) -> tuple[float, float, int]:
         """Greedy generation of exactly `new_tokens` per prompt: (wall s, CPU s, tokens)."""
         width = max(len(prompt) for prompt in prompts)
-        input_ids = torch.tensor([[self.eos] * (width - len(p)) + list(p) for p in prompts])
-        attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+        input_ids = torch.tensor([[self.eos] * (width - len(p)) + list(p) for p in prompts],
+                                 device=self.device)
+        attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts],
+                                      device=self.device)
         cpu_start, start = time.process_time(), time.perf_counter()
         with torch.inference_mode():
             output = self.model.generate(input_ids=input_ids, attention_mask=attention_mask,
                                          do_sample=False, max_new_tokens=new_tokens,
                                          min_new_tokens=new_tokens, pad_token_id=self.eos)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
         elapsed = time.perf_counter() - start
         return elapsed, time.process_time() - cpu_start, (output.shape[1] - width) * len(prompts)
