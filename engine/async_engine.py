@@ -80,8 +80,12 @@ class AsyncEngine:
     def from_loaded(cls, loaded: LoadedModel, config: EngineConfig) -> AsyncEngine:
         block_bytes = config.block_size * kv_bytes_per_token(loaded.model, loaded.dtype)
         num_blocks = config.num_kv_blocks or max(1, config.kv_cache_mib * 2**20 // block_bytes)
+        graphs = loaded.device.type == "cuda" and not config.enforce_eager
         runner = PagedRunner(loaded.model, loaded.device, num_blocks, config.block_size,
-                             loaded.quantization)
+                             loaded.quantization,
+                             static_decode_batch=config.max_batch_size if graphs else 0)
+        if graphs:
+            runner.prepare()
         block_manager = BlockManager(num_blocks, config.block_size,
                                      enable_prefix_caching=config.enable_prefix_caching)
         scheduler = Scheduler(block_manager, max_running=config.max_batch_size,

@@ -28,6 +28,8 @@ class EngineConfig:
     max_prefill_tokens (MindIE's maxPrefillTokens) caps it too.
     The KV cache pool holds num_kv_blocks blocks of block_size tokens (MindIE's
     cacheBlockSize); num_kv_blocks 0 sizes the pool from kv_cache_mib.
+    enforce_eager (vLLM's name): no CUDA graphs; by default decode steps of up to
+    max_batch_size sequences (at most 128) replay graphs on CUDA.
     num_threads: torch's intra-op threads for the engine's thread; 0 keeps torch's default
     (every core). Measured here with the load generator on the same 2 cores, 2 threads gave
     1.5x the batched throughput of 1; but a team as wide as the machine stalls at every op
@@ -51,6 +53,7 @@ class EngineConfig:
     kv_cache_mib: int = 512
     enable_prefix_caching: bool = True
     num_threads: int = 0
+    enforce_eager: bool = False
 
     def step_token_budget(self, device_type: str) -> int:
         """Prompt tokens per step: on CPU 64 keeps a step with a prefill chunk within about

@@ -12,6 +12,8 @@ two, so a lone row is computed as two.
 
 With a quantization plan the projections, the LM head and the embedding hold integer weights
 (see `quantization.py`); activations, norms and attention stay in float32.
+
+On CUDA, decode steps replay CUDA graphs (see `decode_graphs.py`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from engine.attention import AttentionBatch, paged_attention
+from engine.decode_graphs import DecodeGraphs
 from engine.quantization import (QuantizationPlan, QuantizedEmbedding, QuantizedProjection,
                                  QuantizedWeight, Scratch)
 
@@ -69,6 +72,8 @@ class Projection:
         return cls(weight, bias)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if not x.is_cpu:
+            return F.linear(x, self.weight, self.bias)
         rows = x.shape[0]
         if rows == 1:
             x = torch.cat((x, x))
@@ -111,8 +116,10 @@ def kv_bytes_per_token(model: PreTrainedModel, dtype: torch.dtype) -> int:
 
 class PagedRunner:
     def __init__(self, model: PreTrainedModel, device: torch.device, num_blocks: int,
-                 block_size: int, quantization: QuantizationPlan = QuantizationPlan("none")
-                 ) -> None:
+                 block_size: int, quantization: QuantizationPlan = QuantizationPlan("none"),
+                 *, static_decode_batch: int = 0) -> None:
+        """static_decode_batch: the most sequences a decode step is padded for to replay a
+        CUDA graph (0: every step eager); on a CPU the padded steps run without a graph."""
         architecture = (model.config.architectures or [type(model).__name__])[0]
         if architecture not in SUPPORTED_ARCHITECTURES:
             raise UnsupportedModel(f"{architecture} is not supported; supported architectures: "
@@ -131,11 +138,24 @@ class PagedRunner:
         self._rotary = model.model.rotary_emb
         self._final_norm = RMSNorm(model.model.norm)
         self._layers = [self._fuse(index, layer) for index, layer in enumerate(model.model.layers)]
-        self._cache_shape = (len(self._layers), num_blocks * block_size, self._num_kv_heads,
-                             self._head_dim)
+        capacity = num_blocks * block_size
+        # One slot past the pool's: padding rows of a static decode batch write there.
+        self._cache_shape = (len(self._layers), capacity + 1, self._num_kv_heads, self._head_dim)
         self._cache_dtype = dtype
         self._k_cache: torch.Tensor | None = None
         self._v_cache: torch.Tensor | None = None
+        self._decode_graphs = DecodeGraphs(
+            self._forward, device=device, block_size=block_size, scratch_slot=capacity,
+            max_batch_size=static_decode_batch, max_context=capacity,
+            capture=device.type == "cuda") if static_decode_batch else None
+
+    def prepare(self) -> None:
+        """Allocate the KV pool and capture the common decode graphs now rather than at the
+        first steps (on an accelerator, where no loader's host memory awaits release)."""
+        if self._k_cache is None:
+            self._allocate_cache()
+        if self._decode_graphs is not None:
+            self._decode_graphs.capture_common()
 
     def _allocate_cache(self) -> None:
         """The KV pool, zeroed, hence resident from the start, as the operator sized it: a pool
@@ -194,11 +214,19 @@ class PagedRunner:
     @torch.inference_mode()
     def execute(self, chunks: Sequence[SequenceChunk]) -> torch.Tensor:
         """Compute the chunks' tokens, writing their K/V into the cache; return logits
-        (float32, on CPU) in chunk order: at each token of a chunk with all_logits, at the
+        (float32, on the device) in chunk order: at each token of a chunk with all_logits, at the
         last token of any other chunk that samples."""
         if self._k_cache is None or self._v_cache is None:
             self._allocate_cache()
-        batch = AttentionBatch.build(chunks, self._block_size, self._device)
+        if self._decode_graphs is not None:
+            logits = self._decode_graphs.run(chunks)
+            if logits is not None:
+                return logits
+        return self._forward(AttentionBatch.build(chunks, self._block_size, self._device)
+                             ).float()
+
+    def _forward(self, batch: AttentionBatch) -> torch.Tensor:
+        """The logits at batch.sample_index, on the device, without host synchronisation."""
         hidden = self._embed(batch.token_ids)
         cos, sin = self._rotary(hidden, batch.positions.unsqueeze(0))
         cos, signed_sin = cos[0].unsqueeze(1), _negate_first_half(sin[0].unsqueeze(1))
@@ -213,8 +241,7 @@ class PagedRunner:
             hidden = hidden + layer.o_proj(attended)
             gate, up = layer.gate_up(layer.post_norm(hidden)).chunk(2, dim=-1)
             hidden = hidden + layer.down(layer.act(gate) * up)
-        wanted = self._final_norm(hidden[batch.sample_index])
-        return self._lm_head(wanted).float().cpu()
+        return self._lm_head(self._final_norm(hidden[batch.sample_index]))
 
 
 def _negate_first_half(x: torch.Tensor) -> torch.Tensor:

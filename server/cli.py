@@ -34,7 +34,7 @@ DEFAULT_TLS_DIR = Path("tls/dev")
 KEY_PASSWORD_ENV = "SWITCHBOARD_TLS_KEY_PASSWORD"
 ENGINE_SETTINGS = tuple(field.name for field in dataclasses.fields(EngineConfig))
 SERVER_FLAGS = frozenset({"model", "model_name", "device", "dtype", "quantization", "grpc_host",
-                          "grpc_port", "cache_dir", "tls_crl"})
+                          "grpc_port", "cache_dir", "tls_crl", "enforce_eager"})
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -64,6 +64,8 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--quantization", choices=QUANTIZATIONS,
                        help="weight-only quantized linears on CPU: int8, int4, or gguf (a .gguf "
                             "file's own precision per matrix); default: none")
+    serve.add_argument("--enforce-eager", action="store_true", default=None,
+                       help="run every step eagerly: no CUDA graphs for decode steps")
     serve.add_argument("--grpc-host", help=f"default: {DEFAULT_GRPC_HOST}")
     serve.add_argument("--grpc-port", type=int, help=f"default: {DEFAULT_GRPC_PORT}; 0 picks a free port")
     serve.add_argument("--cache-dir", type=Path,

@@ -56,6 +56,7 @@ CONFIG_KEYS = {
     "device": "device",
     "dtype": "dtype",
     "quantization": "quantization",
+    "enforceEager": "enforce_eager",
     "cacheDir": "cache_dir",
 }
 PATH_SETTINGS = frozenset({"model", "tls_ca_path", "tls_cert", "tls_pk", "tls_crl_path",

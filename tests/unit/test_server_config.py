@@ -171,6 +171,13 @@ def test_flags_override_the_config_file(tmp_path: Path) -> None:
             engine_config.max_prefill_tokens) == (1024, 512, 16, 256, 4096)
 
 
+def test_enforce_eager_comes_from_the_config_file_or_the_flag(tmp_path: Path) -> None:
+    assert configs("--insecure")[0].enforce_eager is False
+    assert configs("--enforce-eager", "--insecure")[0].enforce_eager is True
+    path = write_config(tmp_path, {"enforceEager": True})
+    assert configs("--config", str(path), "--insecure")[0].enforce_eager is True
+
+
 def test_quantization_comes_from_the_config_file_or_the_flag(tmp_path: Path) -> None:
     path = write_config(tmp_path, {"quantization": "gguf"})
     assert configs("--config", str(path), "--insecure")[0].quantization == "gguf"
