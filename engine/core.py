@@ -42,7 +42,7 @@ class EngineStats:
 
 class ModelRunner(Protocol):
     def execute(self, chunks: Sequence[SequenceChunk]) -> torch.Tensor:
-        """Logits [rows, vocab], float32 on CPU, rows in chunk order: one at each token of a
+        """Logits [rows, vocab], float32 on the model's device, rows in chunk order: one at each token of a
         chunk with all_logits (its last is also the sampling row when the chunk samples), one
         at the last token of any other chunk that samples, none for the rest."""
 
@@ -198,7 +198,7 @@ class EngineCore:
         if end <= first:
             return
         targets = torch.tensor(prompt[first + 1:end + 1]).unsqueeze(1)
-        logprobs = torch.log_softmax(rows[first - chunk.start:end - chunk.start], dim=-1)
+        logprobs = torch.log_softmax(rows[first - chunk.start:end - chunk.start].cpu(), dim=-1)
         request.prompt_logprobs.extend(logprobs.gather(1, targets).squeeze(1).tolist())
 
     def _expire(self, now: float) -> list[RequestOutput]:

@@ -24,22 +24,41 @@ def make_generator(seed: int) -> torch.Generator:
 
 def sample_batch(logits: torch.Tensor, requests: Sequence[Request],
                  eos_token_ids: Collection[int]) -> list[tuple[int, TokenLogprob | None]]:
-    """logits: [len(requests), vocab] float32 on CPU (modified in place)."""
+    """logits: [len(requests), vocab] float32, on any device. The batch's argmax is taken
+    where the logits are, so that a step of plain greedy requests sends back from an
+    accelerator only their token ids; the rows of the other requests (sampling, penalties,
+    log-probabilities, masked early stops) are copied to the host at once and worked on
+    there (logits already on the host are modified in place)."""
     if not requests:
         return []
-    raw_logprobs = {row: torch.log_softmax(logits[row], dim=-1)
-                    for row, request in enumerate(requests)
-                    if request.spec.sampling.logprobs is not None}
-    for row, request in enumerate(requests):
-        _apply_penalties(logits[row], request)
-        _mask_early_stops(logits[row], request, eos_token_ids)
-    tokens = logits.argmax(dim=-1).tolist()
-    for row, request in enumerate(requests):
-        if request.spec.sampling.do_sample:
-            tokens[row] = sample_row(logits[row], request.spec.sampling, request.generator)
-    return [(token, _logprob(raw_logprobs[row], token, request.spec.sampling.logprobs)
-             if row in raw_logprobs else None)
-            for row, (token, request) in enumerate(zip(tokens, requests))]
+    results: list[tuple[int, TokenLogprob | None]] = [
+        (token, None) for token in logits.argmax(dim=-1).tolist()]
+    detailed = [row for row, request in enumerate(requests)
+                if _needs_row_work(request, eos_token_ids)]
+    if not detailed:
+        return results
+    host_rows = logits[detailed].cpu() if not logits.is_cpu else [logits[row] for row in detailed]
+    for host_row, row in zip(host_rows, detailed):
+        request = requests[row]
+        params = request.spec.sampling
+        raw_logprobs = (torch.log_softmax(host_row, dim=-1) if params.logprobs is not None
+                        else None)
+        _apply_penalties(host_row, request)
+        _mask_early_stops(host_row, request, eos_token_ids)
+        token = (sample_row(host_row, params, request.generator) if params.do_sample
+                 else int(host_row.argmax()))
+        results[row] = (token, None if raw_logprobs is None
+                        else _logprob(raw_logprobs, token, params.logprobs))
+    return results
+
+
+def _needs_row_work(request: Request, eos_token_ids: Collection[int]) -> bool:
+    params = request.spec.sampling
+    penalised = params.repetition_penalty != 1.0 or (
+        bool(params.presence_penalty or params.frequency_penalty) and bool(request.output_token_ids))
+    masked = len(request.output_token_ids) < params.min_new_tokens and bool(
+        params.stop_token_ids or not params.ignore_eos and eos_token_ids)
+    return params.do_sample or params.logprobs is not None or penalised or masked
 
 
 def sample_row(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
