@@ -96,7 +96,9 @@ def load_model(config: EngineConfig) -> LoadedModel:
     logger.info("loading %s on %s as %s (quantization: %s)", source, device, dtype,
                 config.quantization)
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
+    # On an accelerator the weights load straight into its memory, never all in host memory.
+    placement = {} if device.type == "cpu" else {"device_map": device}
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **placement).to(device).eval()
     return LoadedModel(
         model=model,
         tokenizer=tokenizer,
