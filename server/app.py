@@ -86,7 +86,7 @@ class Server:
         logger.info("gRPC listening on %s:%d; loading the model", self._config.grpc_host, self.port)
 
     async def load(self) -> None:
-        self._engine = await asyncio.to_thread(AsyncEngine.from_config, self._engine_config)
+        self._engine = await AsyncEngine.load(self._engine_config)
         self._engine.start(asyncio.get_running_loop())
         self._served.engine = self._engine
         for service in ("", *SERVICES):
