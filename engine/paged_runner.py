@@ -6,7 +6,7 @@ into one matmul each. All scheduled tokens of all requests travel as one flat se
 attention is one call per layer for the whole batch (see `attention.py`).
 
 On a CPU, a projection is computed as nn.Linear's x @ Wᵀ or as (W @ xᵀ)ᵀ, whichever was
-faster for its number of rows when the model was loaded (see `MatmulForms`).
+faster for its number of rows when the model was loaded (see `measured_choice.py`).
 
 With a quantization plan the projections, the LM head and the embedding hold integer weights
 (see `quantization.py`); activations, norms and attention stay in float32.
@@ -17,7 +17,6 @@ On CUDA, decode steps replay CUDA graphs (see `decode_graphs.py`).
 from __future__ import annotations
 
 import gc
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -28,6 +27,7 @@ from transformers import PreTrainedModel
 
 from engine.attention import AttentionBatch, paged_attention
 from engine.decode_graphs import DecodeGraphs
+from engine.measured_choice import MeasuredChoice
 from engine.quantization import (QuantizationPlan, QuantizedEmbedding, QuantizedProjection,
                                  QuantizedWeight, Scratch)
 
@@ -52,41 +52,8 @@ class SequenceChunk:
     all_logits: bool = False
 
 
-class MatmulForms:
-    """Which of two forms of the same product MKL runs faster on this CPU, by number of rows:
-    x @ Wᵀ (nn.Linear's) or (W @ xᵀ)ᵀ, a lone row then computed as two. The answer depends on
-    the processor, by up to 3x either way: over this model's weights (2 threads), on an AMD
-    Zen 3 (AVX2) the second form was 2.3x faster with 4 rows and 1.4x with 16; on an Intel
-    Xeon with AVX-512 it was 3x slower with 1 row. So it is measured once, at load."""
-
-    PROBE_ROWS = (1, 4, 16, 64)
-    REPEATS = 7
-
-    def __init__(self, weight: torch.Tensor | None = None) -> None:
-        """weight: a representative [out, in] matrix to time (None: always x @ Wᵀ)."""
-        self._transposed = {rows: weight is not None and self._transposed_is_faster(weight, rows)
-                            for rows in self.PROBE_ROWS}
-
-    def transposed(self, rows: int) -> bool:
-        probe = next((probe for probe in self.PROBE_ROWS if rows <= probe), self.PROBE_ROWS[-1])
-        return self._transposed[probe]
-
-    @classmethod
-    def _transposed_is_faster(cls, weight: torch.Tensor, rows: int) -> bool:
-        x = torch.randn(rows, weight.shape[1], dtype=weight.dtype)
-        plain = min(_seconds(lambda: F.linear(x, weight)) for _ in range(cls.REPEATS))
-        transposed = min(_seconds(lambda: _transposed_product(x, weight))
-                         for _ in range(cls.REPEATS))
-        return transposed < plain
-
-
-def _seconds(call: Callable[[], object]) -> float:
-    start = time.perf_counter()
-    call()
-    return time.perf_counter() - start
-
-
-def _transposed_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def transposed_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x @ weightᵀ computed as (weight @ xᵀ)ᵀ, a lone row as two."""
     rows = x.shape[0]
     if rows == 1:
         x = torch.cat((x, x))
@@ -97,26 +64,28 @@ class Projection:
     """y = x @ weightᵀ (+ bias), weight in nn.Linear's [out, in] layout."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                 forms: MatmulForms = MatmulForms()) -> None:
+                 transposed: MeasuredChoice | None = None) -> None:
+        """transposed: whether (W @ xᵀ)ᵀ beat x @ Wᵀ on this CPU (None: never used)."""
         self.weight = weight
         self.bias = bias
-        self.forms = forms
+        self._transposed = transposed or MeasuredChoice.first_always()
 
     @classmethod
-    def concat(cls, *linears: nn.Linear, forms: MatmulForms = MatmulForms()) -> Projection:
+    def concat(cls, *linears: nn.Linear, transposed: MeasuredChoice | None = None) -> Projection:
         """Several projections of the same input as one matmul (outputs side by side)."""
         if len(linears) == 1:
             bias = linears[0].bias
-            return cls(linears[0].weight.detach(), None if bias is None else bias.detach(), forms)
+            return cls(linears[0].weight.detach(), None if bias is None else bias.detach(),
+                       transposed)
         weight = torch.cat([linear.weight.detach() for linear in linears])
         biases = [linear.bias for linear in linears]
         bias = torch.cat([b.detach() for b in biases]) if biases[0] is not None else None
-        return cls(weight, bias, forms)
+        return cls(weight, bias, transposed)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if not (x.is_cpu and self.forms.transposed(x.shape[0])):
+        if not (x.is_cpu and self._transposed.second_is_faster(x.shape[0])):
             return F.linear(x, self.weight, self.bias)
-        y = _transposed_product(x, self.weight)
+        y = transposed_product(x, self.weight)
         return y if self.bias is None else y + self.bias
 
 
@@ -172,7 +141,7 @@ class PagedRunner:
         dtype = model.lm_head.weight.dtype
         self._quantization = quantization
         self._scratch = Scratch()
-        self._forms = self._measure_forms(model, device)
+        self._choice = self._measure_choice(model, device)
         self._lm_head = self._project(None, {"output": model.lm_head})
         self._embed = self._embedding(model)
         self._rotary = model.model.rotary_emb
@@ -228,23 +197,30 @@ class PagedRunner:
                 delattr(module, name)
         return fused
 
-    def _measure_forms(self, model: PreTrainedModel, device: torch.device) -> MatmulForms:
-        """Timed on the first layer's up projection, in the projections' dtype, where the
-        float weights are multiplied: on the CPU, unquantized."""
-        if device.type != "cpu" or self._quantization.is_quantized:
-            return MatmulForms()
-        return MatmulForms(model.model.layers[0].mlp.up_proj.weight.detach())
+    def _measure_choice(self, model: PreTrainedModel, device: torch.device
+                        ) -> MeasuredChoice | None:
+        """On a CPU, in float32: which form multiplies the first layer's up projection
+        faster by rows; quantized, whether dequantising beats PyTorch's packed kernels."""
+        if device.type != "cpu" or model.lm_head.weight.dtype != torch.float32:
+            return None
+        weight = model.model.layers[0].mlp.up_proj.weight.detach()
+        if not self._quantization.is_quantized:
+            return MeasuredChoice(lambda x: F.linear(x, weight),
+                                  lambda x: transposed_product(x, weight), weight.shape[1])
+        bits = self._quantization.bits(0, ("ffn_up",))
+        sample = QuantizedProjection(QuantizedWeight.quantize(weight, bits), None, self._scratch)
+        return MeasuredChoice(sample.packed_mm, sample.dequantized_mm, weight.shape[1])
 
     def _project(self, layer: int | None, linears: dict[str, nn.Linear]
                  ) -> Projection | QuantizedProjection:
         """One projection for `linears` (GGUF role → module) side by side, quantized as the
         plan says for layer `layer` (None: the LM head)."""
-        projection = Projection.concat(*linears.values(), forms=self._forms)
+        projection = Projection.concat(*linears.values(), transposed=self._choice)
         if not self._quantization.is_quantized:
             return projection
         bits = self._quantization.bits(layer, tuple(linears))
         return QuantizedProjection(QuantizedWeight.quantize(projection.weight, bits),
-                                   projection.bias, self._scratch)
+                                   projection.bias, self._scratch, dequantizing=self._choice)
 
     def _embedding(self, model: PreTrainedModel) -> Callable[[torch.Tensor], torch.Tensor]:
         """The token embedding. Quantized: a tied model looks tokens up in its quantized LM

@@ -2,14 +2,15 @@
 
 A weight is stored as integer codes with scales (and, for 4 bits, zero points) per group of
 input columns: int4 in groups of 32 with a min/max (asymmetric) grid, int8 per output channel
-with a symmetric one. Two ways to multiply, picked by the number of rows:
+with a symmetric one. Two ways to multiply, picked by the number of rows, whichever was
+faster on this CPU when the model was loaded (see `measured_choice.py`):
 
-- few rows (decoding a handful of streams, where reading the weight dominates): PyTorch's
-  weight-only kernels, `_weight_int4pack_mm_for_cpu` / `_weight_int8pack_mm`, on bf16
-  activations; they read 4 or 8 bits per weight instead of 32;
-- many rows (big batches, prompt chunks, where arithmetic dominates and those kernels fall
-  behind fp32 matmul): the weight is dequantised, a slice of output channels at a time, into a
-  small reusable buffer and multiplied in fp32.
+- PyTorch's weight-only kernels, `_weight_int4pack_mm_for_cpu` / `_weight_int8pack_mm`, on
+  bf16 activations: they read 4 or 8 bits per weight instead of 32, which wins where reading
+  the weight dominates (few rows);
+- dequantising the weight, a slice of output channels at a time, into a small reusable
+  buffer and multiplying in fp32, which wins where arithmetic dominates and those kernels fall
+  behind fp32 matmul (from ~12 rows on an AVX2 machine, ~128 on an AVX-512 one).
 
 Both ways use the same (bf16-rounded) scales, so they compute the same weights.
 
@@ -28,13 +29,11 @@ from types import MappingProxyType
 
 import torch
 
+from engine.measured_choice import MeasuredChoice
+
 from engine.config import QUANTIZATIONS
 
 INT4_GROUP_SIZE = 32
-# From this many rows on, dequantising into fp32 beats the weight-only kernels (measured on the
-# project's 2-core AVX2 machines: the int4 kernel takes ~3.5x less time than fp32 for 1 row,
-# about the same for 12 rows, twice as long for 64).
-DEQUANTIZE_FROM_ROWS = 12
 # Output channels dequantised at a time: small enough for the buffer to stay in cache.
 DEQUANTIZE_CHANNELS = 2048
 FOUR_BIT_GGUF_TYPES = frozenset({"Q4_0", "Q4_1", "Q4_K", "IQ4_NL", "IQ4_XS"})
@@ -113,10 +112,14 @@ class Scratch:
 class QuantizedProjection:
     """y = x @ weightᵀ (+ bias) for float32 x, with a QuantizedWeight."""
 
-    def __init__(self, weight: QuantizedWeight, bias: torch.Tensor | None, scratch: Scratch) -> None:
+    def __init__(self, weight: QuantizedWeight, bias: torch.Tensor | None, scratch: Scratch,
+                 dequantizing: MeasuredChoice | None = None) -> None:
+        """dequantizing: whether `dequantized_mm` beat `packed_mm` on this CPU (None: never
+        used)."""
         self.weight = weight
         self.bias = bias
         self._scratch = scratch
+        self._dequantizing = dequantizing or MeasuredChoice.first_always()
         if weight.bits == 4:
             unsigned = (weight.codes.to(torch.int32) + 8)
             self._packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(unsigned, 1)
@@ -126,10 +129,11 @@ class QuantizedProjection:
             self._channel_scales = weight.scales.view(-1).to(torch.bfloat16)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        y = self._dequantized_mm(x) if x.shape[0] >= DEQUANTIZE_FROM_ROWS else self._packed_mm(x)
+        y = (self.dequantized_mm(x) if self._dequantizing.second_is_faster(x.shape[0])
+             else self.packed_mm(x))
         return y if self.bias is None else y + self.bias
 
-    def _packed_mm(self, x: torch.Tensor) -> torch.Tensor:
+    def packed_mm(self, x: torch.Tensor) -> torch.Tensor:
         x = x.to(torch.bfloat16)
         if self.weight.bits == 4:
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self._packed, INT4_GROUP_SIZE,
@@ -138,7 +142,7 @@ class QuantizedProjection:
             y = torch.ops.aten._weight_int8pack_mm(x, self.weight.codes, self._channel_scales)
         return y.float()
 
-    def _dequantized_mm(self, x: torch.Tensor) -> torch.Tensor:
+    def dequantized_mm(self, x: torch.Tensor) -> torch.Tensor:
         out_features, in_features = self.weight.shape
         channels = min(out_features, DEQUANTIZE_CHANNELS)
         buffer = self._scratch.at_least(channels * in_features)

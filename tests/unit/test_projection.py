@@ -7,21 +7,26 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.paged_runner import MatmulForms, Projection
+from engine.measured_choice import MeasuredChoice
+from engine.paged_runner import Projection
 
 
-class AlwaysTransposed(MatmulForms):
-    def transposed(self, rows: int) -> bool:
+class SecondAlways(MeasuredChoice):
+    def __init__(self) -> None:
+        pass
+
+    def second_is_faster(self, rows: int) -> bool:
         return True
 
 
 @pytest.mark.parametrize("rows", [1, 3, 20, 70])
-@pytest.mark.parametrize("forms", [MatmulForms(), AlwaysTransposed()], ids=["plain", "transposed"])
-def test_a_projection_equals_nn_linear_in_either_form(rows: int, forms: MatmulForms) -> None:
+@pytest.mark.parametrize("transposed", [None, SecondAlways()], ids=["plain", "transposed"])
+def test_a_projection_equals_nn_linear_in_either_form(rows: int,
+                                                      transposed: MeasuredChoice | None) -> None:
     generator = torch.Generator().manual_seed(rows)
     weight = torch.randn(48, 32, generator=generator)
     bias = torch.randn(48, generator=generator)
     x = torch.randn(rows, 32, generator=generator)
-    projection = Projection(weight, bias, forms)
+    projection = Projection(weight, bias, transposed)
     torch.testing.assert_close(projection(x), F.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
 

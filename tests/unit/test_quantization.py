@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.quantization import (DEQUANTIZE_CHANNELS, DEQUANTIZE_FROM_ROWS, INT4_GROUP_SIZE,
+from engine.quantization import (DEQUANTIZE_CHANNELS, INT4_GROUP_SIZE,
                                  QuantizationError, QuantizationPlan, QuantizedEmbedding,
                                  QuantizedProjection, QuantizedWeight, Scratch)
 
@@ -55,29 +55,31 @@ def test_int4_needs_whole_groups_and_only_4_or_8_bits_exist() -> None:
 
 
 @pytest.mark.parametrize("bits", [4, 8])
-@pytest.mark.parametrize("rows", [1, 3, DEQUANTIZE_FROM_ROWS - 1, DEQUANTIZE_FROM_ROWS, 40])
+@pytest.mark.parametrize("rows", [1, 3, 12, 40])
 def test_both_paths_compute_the_dequantized_weight(bits: int, rows: int) -> None:
-    """Few rows go through the bf16 weight-only kernel (bf16 activations: ~1% error), many
-    through fp32 dequantisation (exact), over several dequantisation slices."""
+    """The bf16 weight-only kernel (bf16 activations: ~1% error) and fp32 dequantisation
+    (exact, over several dequantisation slices) multiply by the same weight."""
     out_features = DEQUANTIZE_CHANNELS + 96
     weight = QuantizedWeight.quantize(torch.randn(out_features, 128) / 10, bits)
     bias = torch.randn(out_features)
     projection = QuantizedProjection(weight, bias, Scratch())
     x = torch.randn(rows, 128)
-    expected = x @ dequantized(weight).t() + bias
-    tolerance = 0.0 if rows >= DEQUANTIZE_FROM_ROWS else 0.02
-    assert projection(x).dtype == torch.float32
-    assert torch.allclose(projection(x), expected, atol=tolerance * expected.abs().max() + 1e-5)
+    expected = x @ dequantized(weight).t()
+    packed, exact = projection.packed_mm(x), projection.dequantized_mm(x)
+    assert packed.dtype == exact.dtype == torch.float32
+    assert torch.allclose(exact, expected, atol=1e-5)
+    assert torch.allclose(packed, expected, atol=0.02 * expected.abs().max() + 1e-5)
+    assert torch.allclose(projection(x), packed + bias)
 
 
 def test_projections_share_one_scratch_buffer() -> None:
     scratch = Scratch()
     small = QuantizedProjection(QuantizedWeight.quantize(torch.randn(64, 64), 8), None, scratch)
     large = QuantizedProjection(QuantizedWeight.quantize(torch.randn(256, 64), 8), None, scratch)
-    x = torch.randn(DEQUANTIZE_FROM_ROWS, 64)
-    large(x)
+    x = torch.randn(12, 64)
+    large.dequantized_mm(x)
     buffer = scratch.buffer
-    small(x)
+    small.dequantized_mm(x)
     assert scratch.buffer is buffer
     assert buffer.numel() == 256 * 64
 
