@@ -30,14 +30,30 @@ class MeasuredChoice:
 
     @classmethod
     def first_always(cls) -> MeasuredChoice:
+        return cls._fixed(second=False)
+
+    @classmethod
+    def second_always(cls) -> MeasuredChoice:
+        return cls._fixed(second=True)
+
+    @classmethod
+    def _fixed(cls, *, second: bool) -> MeasuredChoice:
         choice = cls.__new__(cls)
-        choice._second_faster = dict.fromkeys(PROBE_ROWS, False)
+        choice._second_faster = dict.fromkeys(PROBE_ROWS, second)
         return choice
 
     def second_is_faster(self, rows: int) -> bool:
         """As measured for the nearest probe at or above `rows` (the largest past them)."""
         probe = next((probe for probe in PROBE_ROWS if rows <= probe), PROBE_ROWS[-1])
         return self._second_faster[probe]
+
+
+def transposed_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x @ weightᵀ computed as (weight @ xᵀ)ᵀ, a lone row as two."""
+    rows = x.shape[0]
+    if rows == 1:
+        x = torch.cat((x, x))
+    return (weight @ x.t()).t()[:rows].contiguous()
 
 
 def _seconds(product: Product, x: torch.Tensor) -> float:

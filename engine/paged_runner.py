@@ -27,7 +27,7 @@ from transformers import PreTrainedModel
 
 from engine.attention import AttentionBatch, paged_attention
 from engine.decode_graphs import DecodeGraphs
-from engine.measured_choice import MeasuredChoice
+from engine.measured_choice import MeasuredChoice, transposed_product
 from engine.quantization import (QuantizationPlan, QuantizedEmbedding, QuantizedProjection,
                                  QuantizedWeight, Scratch)
 
@@ -50,14 +50,6 @@ class SequenceChunk:
     block_ids: Sequence[int]
     samples: bool
     all_logits: bool = False
-
-
-def transposed_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x @ weightᵀ computed as (weight @ xᵀ)ᵀ, a lone row as two."""
-    rows = x.shape[0]
-    if rows == 1:
-        x = torch.cat((x, x))
-    return (weight @ x.t()).t()[:rows].contiguous()
 
 
 class Projection:
@@ -141,7 +133,7 @@ class PagedRunner:
         dtype = model.lm_head.weight.dtype
         self._quantization = quantization
         self._scratch = Scratch()
-        self._choice = self._measure_choice(model, device)
+        self._transposed, self._dequantizing = self._measure_choices(model, device)
         self._lm_head = self._project(None, {"output": model.lm_head})
         self._embed = self._embedding(model)
         self._rotary = model.model.rotary_emb
@@ -197,30 +189,35 @@ class PagedRunner:
                 delattr(module, name)
         return fused
 
-    def _measure_choice(self, model: PreTrainedModel, device: torch.device
-                        ) -> MeasuredChoice | None:
-        """On a CPU, in float32: which form multiplies the first layer's up projection
-        faster by rows; quantized, whether dequantising beats PyTorch's packed kernels."""
+    def _measure_choices(self, model: PreTrainedModel, device: torch.device
+                         ) -> tuple[MeasuredChoice | None, MeasuredChoice | None]:
+        """On a CPU in float32, timed on the first layer's up projection: whether (W @ xᵀ)ᵀ
+        beats x @ Wᵀ, and, quantized, whether dequantising (then multiplying in the faster
+        form) beats PyTorch's packed kernels; by number of rows."""
         if device.type != "cpu" or model.lm_head.weight.dtype != torch.float32:
-            return None
+            return None, None
         weight = model.model.layers[0].mlp.up_proj.weight.detach()
+        transposed = MeasuredChoice(lambda x: F.linear(x, weight),
+                                    lambda x: transposed_product(x, weight), weight.shape[1])
         if not self._quantization.is_quantized:
-            return MeasuredChoice(lambda x: F.linear(x, weight),
-                                  lambda x: transposed_product(x, weight), weight.shape[1])
+            return transposed, None
         bits = self._quantization.bits(0, ("ffn_up",))
-        sample = QuantizedProjection(QuantizedWeight.quantize(weight, bits), None, self._scratch)
-        return MeasuredChoice(sample.packed_mm, sample.dequantized_mm, weight.shape[1])
+        sample = QuantizedProjection(QuantizedWeight.quantize(weight, bits), None, self._scratch,
+                                     transposed=transposed)
+        return transposed, MeasuredChoice(sample.packed_mm, sample.dequantized_mm,
+                                          weight.shape[1])
 
     def _project(self, layer: int | None, linears: dict[str, nn.Linear]
                  ) -> Projection | QuantizedProjection:
         """One projection for `linears` (GGUF role → module) side by side, quantized as the
         plan says for layer `layer` (None: the LM head)."""
-        projection = Projection.concat(*linears.values(), transposed=self._choice)
+        projection = Projection.concat(*linears.values(), transposed=self._transposed)
         if not self._quantization.is_quantized:
             return projection
         bits = self._quantization.bits(layer, tuple(linears))
         return QuantizedProjection(QuantizedWeight.quantize(projection.weight, bits),
-                                   projection.bias, self._scratch, dequantizing=self._choice)
+                                   projection.bias, self._scratch,
+                                   dequantizing=self._dequantizing, transposed=self._transposed)
 
     def _embedding(self, model: PreTrainedModel) -> Callable[[torch.Tensor], torch.Tensor]:
         """The token embedding. Quantized: a tied model looks tokens up in its quantized LM

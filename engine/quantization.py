@@ -28,10 +28,10 @@ from pathlib import Path
 from types import MappingProxyType
 
 import torch
-
-from engine.measured_choice import MeasuredChoice
+import torch.nn.functional as F
 
 from engine.config import QUANTIZATIONS
+from engine.measured_choice import MeasuredChoice, transposed_product
 
 INT4_GROUP_SIZE = 32
 # Output channels dequantised at a time: small enough for the buffer to stay in cache.
@@ -113,13 +113,16 @@ class QuantizedProjection:
     """y = x @ weightᵀ (+ bias) for float32 x, with a QuantizedWeight."""
 
     def __init__(self, weight: QuantizedWeight, bias: torch.Tensor | None, scratch: Scratch,
-                 dequantizing: MeasuredChoice | None = None) -> None:
-        """dequantizing: whether `dequantized_mm` beat `packed_mm` on this CPU (None: never
-        used)."""
+                 dequantizing: MeasuredChoice | None = None,
+                 transposed: MeasuredChoice | None = None) -> None:
+        """dequantizing: whether `dequantized_mm` beat `packed_mm` on this CPU; transposed:
+        whether it multiplies the dequantised weight faster as (W @ xᵀ)ᵀ than as x @ Wᵀ
+        (None: never)."""
         self.weight = weight
         self.bias = bias
         self._scratch = scratch
         self._dequantizing = dequantizing or MeasuredChoice.first_always()
+        self._transposed = transposed or MeasuredChoice.first_always()
         if weight.bits == 4:
             unsigned = (weight.codes.to(torch.int32) + 8)
             self._packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(unsigned, 1)
@@ -146,12 +149,14 @@ class QuantizedProjection:
         out_features, in_features = self.weight.shape
         channels = min(out_features, DEQUANTIZE_CHANNELS)
         buffer = self._scratch.at_least(channels * in_features)
-        y_t = x.new_empty(out_features, x.shape[0])
-        xt = x.t()
+        y = x.new_empty(x.shape[0], out_features)
         for start in range(0, out_features, channels):
             rows = slice(start, min(start + channels, out_features))
-            torch.mm(self.weight.dequantize(rows, buffer), xt, out=y_t[rows])
-        return y_t.t().contiguous()
+            weight = self.weight.dequantize(rows, buffer)
+            y[:, rows] = (transposed_product(x, weight)
+                          if self._transposed.second_is_faster(x.shape[0])
+                          else F.linear(x, weight))
+        return y
 
 
 class QuantizedEmbedding:

@@ -11,16 +11,9 @@ from engine.measured_choice import MeasuredChoice
 from engine.paged_runner import Projection
 
 
-class SecondAlways(MeasuredChoice):
-    def __init__(self) -> None:
-        pass
-
-    def second_is_faster(self, rows: int) -> bool:
-        return True
-
-
 @pytest.mark.parametrize("rows", [1, 3, 20, 70])
-@pytest.mark.parametrize("transposed", [None, SecondAlways()], ids=["plain", "transposed"])
+@pytest.mark.parametrize("transposed", [None, MeasuredChoice.second_always()],
+                         ids=["plain", "transposed"])
 def test_a_projection_equals_nn_linear_in_either_form(rows: int,
                                                       transposed: MeasuredChoice | None) -> None:
     generator = torch.Generator().manual_seed(rows)

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from engine.measured_choice import MeasuredChoice
 from engine.quantization import (DEQUANTIZE_CHANNELS, INT4_GROUP_SIZE,
                                  QuantizationError, QuantizationPlan, QuantizedEmbedding,
                                  QuantizedProjection, QuantizedWeight, Scratch)
@@ -56,13 +57,18 @@ def test_int4_needs_whole_groups_and_only_4_or_8_bits_exist() -> None:
 
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("rows", [1, 3, 12, 40])
-def test_both_paths_compute_the_dequantized_weight(bits: int, rows: int) -> None:
+@pytest.mark.parametrize("transposed", [MeasuredChoice.first_always(),
+                                        MeasuredChoice.second_always()],
+                         ids=["plain", "transposed"])
+def test_both_paths_compute_the_dequantized_weight(bits: int, rows: int,
+                                                   transposed: MeasuredChoice) -> None:
     """The bf16 weight-only kernel (bf16 activations: ~1% error) and fp32 dequantisation
-    (exact, over several dequantisation slices) multiply by the same weight."""
+    (exact, over several dequantisation slices, in either matmul form) multiply by the
+    same weight."""
     out_features = DEQUANTIZE_CHANNELS + 96
     weight = QuantizedWeight.quantize(torch.randn(out_features, 128) / 10, bits)
     bias = torch.randn(out_features)
-    projection = QuantizedProjection(weight, bias, Scratch())
+    projection = QuantizedProjection(weight, bias, Scratch(), transposed=transposed)
     x = torch.randn(rows, 128)
     expected = x @ dequantized(weight).t()
     packed, exact = projection.packed_mm(x), projection.dequantized_mm(x)
