@@ -57,7 +57,8 @@ class Projection:
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
                  transposed: MeasuredChoice | None = None) -> None:
-        """transposed: whether (W @ xᵀ)ᵀ beat x @ Wᵀ on this CPU (None: never used)."""
+        """transposed: whether (W @ xᵀ)ᵀ beat x @ Wᵀ on this CPU (None, as off the CPU:
+        never used)."""
         self.weight = weight
         self.bias = bias
         self._transposed = transposed or MeasuredChoice.first_always()
@@ -75,7 +76,7 @@ class Projection:
         return cls(weight, bias, transposed)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if not (x.is_cpu and self._transposed.second_is_faster(x.shape[0])):
+        if not self._transposed.second_is_faster(x.shape[0]):
             return F.linear(x, self.weight, self.bias)
         y = transposed_product(x, self.weight)
         return y if self.bias is None else y + self.bias

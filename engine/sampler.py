@@ -54,11 +54,23 @@ def sample_batch(logits: torch.Tensor, requests: Sequence[Request],
 
 def _needs_row_work(request: Request, eos_token_ids: Collection[int]) -> bool:
     params = request.spec.sampling
-    penalised = params.repetition_penalty != 1.0 or (
-        bool(params.presence_penalty or params.frequency_penalty) and bool(request.output_token_ids))
-    masked = len(request.output_token_ids) < params.min_new_tokens and bool(
-        params.stop_token_ids or not params.ignore_eos and eos_token_ids)
-    return params.do_sample or params.logprobs is not None or penalised or masked
+    return (params.do_sample or params.logprobs is not None or params.repetition_penalty != 1.0
+            or _has_count_penalties(request) or bool(_early_stops(request, eos_token_ids)))
+
+
+def _has_count_penalties(request: Request) -> bool:
+    """Presence or frequency penalties, with generated tokens to count."""
+    params = request.spec.sampling
+    return bool(params.presence_penalty or params.frequency_penalty) and bool(
+        request.output_token_ids)
+
+
+def _early_stops(request: Request, eos_token_ids: Collection[int]) -> set[int]:
+    """The tokens that would end the request before its min_new_tokens."""
+    params = request.spec.sampling
+    if len(request.output_token_ids) >= params.min_new_tokens:
+        return set()
+    return set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_token_ids))
 
 
 def sample_row(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
@@ -83,7 +95,7 @@ def _apply_penalties(logits: torch.Tensor, request: Request) -> None:
         # CTRL-style: move a seen token's logit towards "less likely" whatever its sign.
         logits[seen] = torch.where(scores < 0, scores * params.repetition_penalty,
                                    scores / params.repetition_penalty)
-    if (params.presence_penalty or params.frequency_penalty) and request.output_token_ids:
+    if _has_count_penalties(request):
         counts = torch.bincount(torch.tensor(request.output_token_ids),
                                 minlength=logits.numel()).to(logits.dtype)
         logits -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0)
@@ -91,10 +103,7 @@ def _apply_penalties(logits: torch.Tensor, request: Request) -> None:
 
 def _mask_early_stops(logits: torch.Tensor, request: Request,
                       eos_token_ids: Collection[int]) -> None:
-    params = request.spec.sampling
-    if len(request.output_token_ids) >= params.min_new_tokens:
-        return
-    banned = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_token_ids))
+    banned = _early_stops(request, eos_token_ids)
     if banned:
         logits[list(banned)] = -torch.inf
 

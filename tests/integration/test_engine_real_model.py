@@ -240,10 +240,11 @@ def test_on_cuda_graph_replayed_decode_steps_give_the_eager_logits() -> None:
     """Teacher-forced decode steps of 6 sequences, the next tokens chosen by the eager runner:
     the graph runner's logits agree within bfloat16's rounding and pick the same token."""
     config = EngineConfig(cache_dir=CACHE_DIR, device="cuda")
-    eager = PagedRunner(load_model(config).model, torch.device("cuda"), 64, 16)
+    loaded = load_model(config)
+    tokenizer = loaded.tokenizer
+    eager = PagedRunner(loaded.model, torch.device("cuda"), 64, 16)
     graphs = PagedRunner(load_model(config).model, torch.device("cuda"), 64, 16,
                          static_decode_batch=8)
-    tokenizer = load_model(config).tokenizer
     prompts = [tokenizer.encode(prompt) for prompt in PARITY_PROMPTS]
     tables = [list(range(8 * i, 8 * i + 8)) for i in range(len(prompts))]
     chunks = [SequenceChunk(f"s{i}", prompt, 0, tables[i], True)
