@@ -4,48 +4,61 @@ processor, by up to 3x either way, measured once at load for a few numbers of ro
 Measured over SmolLM2's weights on 2 cores: the form (W @ xᵀ)ᵀ beat nn.Linear's x @ Wᵀ by
 2.3x with 4 rows on an AMD Zen 3 (AVX2) and lost by 3x with 1 row on an Intel Xeon with
 AVX-512; PyTorch's int4 kernel fell behind dequantised float32 matmul from about 12 rows on
-the first and from about 128 on the second.
+the first, and behind a bf16 copy (AMX) from about 8 rows on the second.
+
+Products are timed over every layer's weights, as a step reads them: timed on one weight
+kept hot in cache, that bf16 copy seemed to win from 4 rows, where from memory it lost by 2x.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
 PROBE_ROWS = (1, 4, 16, 64, 256)
-REPEATS = 7
+REPEATS = 5
 
 Product = Callable[[torch.Tensor], torch.Tensor]
 
 
 class MeasuredChoice:
-    def __init__(self, first: Product, second: Product, in_features: int) -> None:
-        """first, second: the same function of x [rows, in_features] (float32), two ways."""
-        self._second_faster = {}
-        for rows in PROBE_ROWS:
-            x = torch.randn(rows, in_features)
-            self._second_faster[rows] = _seconds(second, x) < _seconds(first, x)
+    """Unmeasured, the first way for every number of rows, until `measure`."""
+
+    def __init__(self) -> None:
+        self._second_faster = dict.fromkeys(PROBE_ROWS, False)
 
     @classmethod
     def first_always(cls) -> MeasuredChoice:
-        return cls._fixed(second=False)
+        return cls()
 
     @classmethod
     def second_always(cls) -> MeasuredChoice:
-        return cls._fixed(second=True)
-
-    @classmethod
-    def _fixed(cls, *, second: bool) -> MeasuredChoice:
-        choice = cls.__new__(cls)
-        choice._second_faster = dict.fromkeys(PROBE_ROWS, second)
+        choice = cls()
+        choice._second_faster = dict.fromkeys(PROBE_ROWS, True)
         return choice
+
+    def measure(self, first: Product, second: Product, in_features: int) -> MeasuredChoice:
+        """first, second: the same function of x [rows, in_features] (float32), two ways."""
+        for rows in PROBE_ROWS:
+            x = torch.randn(rows, in_features)
+            self._second_faster[rows] = _seconds(second, x) < _seconds(first, x)
+        return self
 
     def second_is_faster(self, rows: int) -> bool:
         """As measured for the nearest probe at or above `rows` (the largest past them)."""
         probe = next((probe for probe in PROBE_ROWS if rows <= probe), PROBE_ROWS[-1])
         return self._second_faster[probe]
+
+
+def one_after_another(products: Sequence[Product]) -> Product:
+    """The products run in turn on the same x, as a step runs its layers; the last result."""
+    def run(x: torch.Tensor) -> torch.Tensor:
+        for product in products:
+            y = product(x)
+        return y
+    return run
 
 
 def transposed_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

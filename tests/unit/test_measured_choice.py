@@ -20,6 +20,7 @@ def fast(x: torch.Tensor) -> torch.Tensor:
 
 def test_the_faster_way_is_chosen_for_every_number_of_rows() -> None:
     rows = (1, 3, 16, 64, 300, 5000)
-    assert all(MeasuredChoice(slow, fast, 64).second_is_faster(n) for n in rows)
-    assert not any(MeasuredChoice(fast, slow, 64).second_is_faster(n) for n in rows)
-    assert not any(MeasuredChoice.first_always().second_is_faster(n) for n in rows)
+    assert all(MeasuredChoice().measure(slow, fast, 64).second_is_faster(n) for n in rows)
+    assert not any(MeasuredChoice().measure(fast, slow, 64).second_is_faster(n) for n in rows)
+    assert not any(MeasuredChoice().second_is_faster(n) for n in rows)
+    assert all(MeasuredChoice.second_always().second_is_faster(n) for n in rows)
