@@ -25,6 +25,7 @@ from engine.core import EngineCore, EngineStats
 from engine.errors import EngineDead, InvalidRequest, Overloaded
 from engine.fanout import generate_many
 from engine.loader import LoadedModel, load_model
+from engine.measured_choice import bf16_is_faster
 from engine.paged_runner import PagedRunner, kv_bytes_per_token
 from engine.scheduler import Scheduler
 from engine.params import GenerationRequest
@@ -94,11 +95,15 @@ class AsyncEngine:
 
     @classmethod
     def from_loaded(cls, loaded: LoadedModel, config: EngineConfig) -> AsyncEngine:
-        block_bytes = config.block_size * kv_bytes_per_token(loaded.model, loaded.dtype)
+        # Quantized on a CPU with bf16 matrix units: bf16 copies for big batches, bf16 KV.
+        sample_weight = loaded.model.model.layers[0].mlp.up_proj.weight.detach()
+        bf16_compute = loaded.quantization.is_quantized and bf16_is_faster(sample_weight)
+        kv_dtype = torch.bfloat16 if bf16_compute else loaded.dtype
+        block_bytes = config.block_size * kv_bytes_per_token(loaded.model, kv_dtype)
         num_blocks = config.num_kv_blocks or max(1, config.kv_cache_mib * 2**20 // block_bytes)
         graphs = loaded.device.type == "cuda" and not config.enforce_eager
         runner = PagedRunner(loaded.model, loaded.device, num_blocks, config.block_size,
-                             loaded.quantization,
+                             loaded.quantization, bf16_compute=bf16_compute,
                              static_decode_batch=config.max_batch_size if graphs else 0)
         if graphs:
             runner.prepare()

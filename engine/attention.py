@@ -130,17 +130,20 @@ def slots_of(block_ids: Sequence[int], num_tokens: int, block_size: int) -> torc
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                     v_cache: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
-    """q [T, H, D], k/v [T, Hkv, D]; caches [slots, Hkv, D]. Returns [T, H*D]."""
-    k_cache.index_copy_(0, batch.write_slots, k)
-    v_cache.index_copy_(0, batch.write_slots, v)
+    """q [T, H, D], k/v [T, Hkv, D]; caches [slots, Hkv, D]. Returns [T, H*D] in q's dtype;
+    attention runs in the caches' (a bf16 cache under fp32 activations: in bf16)."""
+    k_cache.index_copy_(0, batch.write_slots, k.to(k_cache.dtype))
+    v_cache.index_copy_(0, batch.write_slots, v.to(v_cache.dtype))
+    q = q.to(k_cache.dtype)
     if len(batch.groups) == 1 and batch.groups[0].is_decode:
-        return _attend(q.unsqueeze(1), k_cache, v_cache, batch.groups[0], batch.fixed_shape)
+        return _attend(q.unsqueeze(1), k_cache, v_cache, batch.groups[0],
+                       batch.fixed_shape).to(k.dtype)
     out = q.new_empty(q.shape[0], q.shape[1] * q.shape[2])
     for group in batch.groups:
         queries = q[group.query_index]
         out.index_copy_(0, group.token_index, _attend(queries, k_cache, v_cache, group,
                                                       batch.fixed_shape)[group.unpad_index])
-    return out
+    return out.to(k.dtype)
 
 
 def _attend(queries: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -16,9 +16,12 @@ import time
 from collections.abc import Callable, Sequence
 
 import torch
+import torch.nn.functional as F
 
 PROBE_ROWS = (1, 4, 16, 64, 256)
 REPEATS = 5
+# The rows oneDNN lays a bf16 weight out for; measured within 5% of the best at 1 to 64 rows.
+BF16_BATCH_HINT = 16
 
 Product = Callable[[torch.Tensor], torch.Tensor]
 
@@ -78,3 +81,17 @@ def _seconds(product: Product, x: torch.Tensor) -> float:
         product(x)
         best = min(best, time.perf_counter() - start)
     return best
+
+
+def bf16_is_faster(weight: torch.Tensor) -> bool:
+    """Whether this CPU multiplies 64 rows by a bf16 copy of `weight` [out, in] faster than
+    in fp32: 4-5x faster with AMX, 5x slower without bf16 units."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight.to(torch.bfloat16), BF16_BATCH_HINT)
+    choice = MeasuredChoice().measure(
+        lambda x: F.linear(x, weight),
+        lambda x: torch.ops.mkldnn._linear_pointwise(x.to(torch.bfloat16), packed, None, "none",
+                                                     [], ""),
+        weight.shape[1])
+    return choice.second_is_faster(64)

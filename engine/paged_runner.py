@@ -30,8 +30,8 @@ from engine.attention import AttentionBatch, paged_attention
 from engine.decode_graphs import DecodeGraphs
 from engine.host_memory import release_free_heap
 from engine.measured_choice import MeasuredChoice, one_after_another, transposed_product
-from engine.quantization import (BF16_BATCH_HINT, QuantizationPlan, QuantizedEmbedding,
-                                 QuantizedProjection, QuantizedWeight, Scratch)
+from engine.quantization import (QuantizationPlan, QuantizedEmbedding, QuantizedProjection,
+                                 QuantizedWeight, Scratch)
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 
@@ -120,9 +120,12 @@ def kv_bytes_per_token(model: PreTrainedModel, dtype: torch.dtype) -> int:
 class PagedRunner:
     def __init__(self, model: PreTrainedModel, device: torch.device, num_blocks: int,
                  block_size: int, quantization: QuantizationPlan = QuantizationPlan("none"),
-                 *, static_decode_batch: int = 0) -> None:
+                 *, static_decode_batch: int = 0, bf16_compute: bool = False) -> None:
         """static_decode_batch: the most sequences a decode step is padded for to replay a
-        CUDA graph (0: every step eager); on a CPU the padded steps run without a graph."""
+        CUDA graph (0: every step eager); on a CPU the padded steps run without a graph.
+        bf16_compute (quantized, on a CPU that multiplies bf16 faster than fp32, see
+        `bf16_is_faster`): projections keep bf16 copies of their weights for many rows, and
+        the KV cache and attention are in bf16."""
         architecture = (model.config.architectures or [type(model).__name__])[0]
         if architecture not in SUPPORTED_ARCHITECTURES:
             raise UnsupportedModel(f"{architecture} is not supported; supported architectures: "
@@ -138,8 +141,7 @@ class PagedRunner:
         self._scratch = Scratch()
         measures = device.type == "cpu" and model.lm_head.weight.dtype == torch.float32
         self._transposed = self._measure_transposed(model) if measures else None
-        self._dense_bf16 = measures and self._quantization.is_quantized and _bf16_is_faster(
-            model.model.layers[0].mlp.up_proj.weight.detach())
+        self._dense_bf16 = bf16_compute
         self._dense = MeasuredChoice()
         self._lm_head = self._project(None, {"output": model.lm_head})
         self._embed = self._embedding(model)
@@ -151,7 +153,7 @@ class PagedRunner:
         capacity = num_blocks * block_size
         # One slot past the pool's: padding rows of a static decode batch write there.
         self._cache_shape = (len(self._layers), capacity + 1, self._num_kv_heads, self._head_dim)
-        self._cache_dtype = dtype
+        self._cache_dtype = torch.bfloat16 if bf16_compute else dtype
         self._k_cache: torch.Tensor | None = None
         self._v_cache: torch.Tensor | None = None
         self._decode_graphs = DecodeGraphs(
@@ -274,20 +276,6 @@ class PagedRunner:
             gate, up = layer.gate_up(layer.post_norm(hidden)).chunk(2, dim=-1)
             hidden = hidden + layer.down(layer.act(gate) * up)
         return self._lm_head(self._final_norm(hidden[batch.sample_index]))
-
-
-def _bf16_is_faster(weight: torch.Tensor) -> bool:
-    """Whether this CPU multiplies 64 rows by a bf16 copy of `weight` faster than in fp32
-    (4-5x faster with AMX, 5x slower without bf16 units)."""
-    if not torch.backends.mkldnn.is_available():
-        return False
-    packed = torch.ops.mkldnn._reorder_linear_weight(weight.to(torch.bfloat16), BF16_BATCH_HINT)
-    choice = MeasuredChoice().measure(
-        lambda x: F.linear(x, weight),
-        lambda x: torch.ops.mkldnn._linear_pointwise(x.to(torch.bfloat16), packed, None, "none",
-                                                     [], ""),
-        weight.shape[1])
-    return choice.second_is_faster(64)
 
 
 def _negate_first_half(x: torch.Tensor) -> torch.Tensor:

@@ -34,13 +34,14 @@ import torch
 import torch.nn.functional as F
 
 from engine.config import QUANTIZATIONS
-from engine.measured_choice import MeasuredChoice, transposed_product
+from engine.measured_choice import BF16_BATCH_HINT, MeasuredChoice, transposed_product
 
 INT4_GROUP_SIZE = 32
 # Output channels dequantised at a time: small enough for the buffer to stay in cache.
 DEQUANTIZE_CHANNELS = 2048
-# The rows oneDNN lays a bf16 copy out for; measured within 5% of the best at 1 to 64 rows.
-BF16_BATCH_HINT = 16
+# Rows multiplied by a bf16 copy are padded to a multiple of this: oneDNN keeps state for
+# each number of rows it has seen, which grew the server by ~3 GB over 1 to 256 rows.
+BF16_ROWS_MULTIPLE = 16
 FOUR_BIT_GGUF_TYPES = frozenset({"Q4_0", "Q4_1", "Q4_K", "IQ4_NL", "IQ4_XS"})
 
 
@@ -163,8 +164,10 @@ class QuantizedProjection:
 
     def dense_mm(self, x: torch.Tensor) -> torch.Tensor:
         if self._bf16_weight is not None:
-            return torch.ops.mkldnn._linear_pointwise(x.to(torch.bfloat16), self._bf16_weight,
-                                                      None, "none", [], "").float()
+            rows = x.shape[0]
+            x = F.pad(x.to(torch.bfloat16), (0, 0, 0, -rows % BF16_ROWS_MULTIPLE))
+            return torch.ops.mkldnn._linear_pointwise(x, self._bf16_weight, None, "none", [],
+                                                      "")[:rows].float()
         out_features, in_features = self.shape
         channels = min(out_features, DEQUANTIZE_CHANNELS)
         buffer = self._scratch.at_least(channels * in_features)

@@ -1,7 +1,7 @@
 """Weight-only quantization (`--quantization int8|int4|gguf`) with the real packaged model:
 quality is measured, not assumed. Teacher-forced over a fixed text, the quantized runner's
 top-1 next token agrees with the float32 model's at least 95% of the time for int8 and gguf,
-90% for int4; the greedy answers of the foundation tests still hold."""
+90% for int4, with fp32 or bf16 compute; the greedy answers of the foundation tests still hold."""
 
 from __future__ import annotations
 
@@ -64,13 +64,18 @@ def reference() -> tuple[list[int], torch.Tensor]:
     return token_ids, logits.argmax(dim=-1)
 
 
+@pytest.mark.parametrize("bf16_compute", [False, True], ids=["fp32-compute", "bf16-compute"])
 @pytest.mark.parametrize("scheme", sorted(AGREEMENT))
-def test_teacher_forced_top1_agrees_with_float32(scheme: str, reference) -> None:
+def test_teacher_forced_top1_agrees_with_float32(scheme: str, bf16_compute: bool,
+                                                 reference) -> None:
+    """Either way a quantized runner computes: fp32 activations throughout, or (as on CPUs
+    with bf16 matrix units) bf16 copies of the weights for many rows and a bf16 KV cache;
+    this text's 64-token prefill chunks take the dense form either way."""
     token_ids, expected = reference
     assert len(token_ids) > 350
     loaded = load_model(EngineConfig(cache_dir=CACHE_DIR, quantization=scheme))
     runner = PagedRunner(loaded.model, loaded.device, len(token_ids) // BLOCK_SIZE + 1,
-                         BLOCK_SIZE, loaded.quantization)
+                         BLOCK_SIZE, loaded.quantization, bf16_compute=bf16_compute)
     agreement = (top1_tokens(runner, token_ids) == expected).float().mean().item()
     assert agreement >= AGREEMENT[scheme], f"{scheme}: {agreement:.1%} top-1 agreement"
 
