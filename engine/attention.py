@@ -36,7 +36,8 @@ class AttentionGroup:
     token_index: torch.Tensor    # [Tg] flat index of each of the group's tokens
     query_index: torch.Tensor    # [B, Qmax] flat index of each sequence's queries (padded)
     context_slots: torch.Tensor  # [B, Lmax] cache slots of each sequence's context (padded)
-    mask: torch.Tensor           # [B, 1, Qmax, Lmax] True where a query may attend
+    mask: torch.Tensor | None    # [B, 1, Qmax, Lmax] True where a query may attend; None:
+                                 # everywhere (decoding sequences of one length, as one alone)
     unpad_index: torch.Tensor    # [Tg] position of each group token in the padded [B*Qmax]
 
     @classmethod
@@ -62,11 +63,12 @@ class AttentionGroup:
         valid_query = torch.arange(q_max).view(1, -1, 1) < torch.tensor(q_lens).view(-1, 1, 1)
         # Padded query rows attend to slot 0 only, so no row of the softmax is empty.
         mask = (key_positions <= query_positions) & valid_query | (key_positions == 0)
+        unmasked = q_max == 1 and min(context_lens) == l_max
         return cls(
             token_index=torch.tensor(token_index, device=device),
             query_index=query_index.to(device),
             context_slots=context_slots.to(device),
-            mask=mask.unsqueeze(1).to(device),
+            mask=None if unmasked else mask.unsqueeze(1).to(device),
             unpad_index=torch.tensor(unpad_index, device=device),
         )
 
@@ -130,20 +132,18 @@ def slots_of(block_ids: Sequence[int], num_tokens: int, block_size: int) -> torc
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                     v_cache: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
-    """q [T, H, D], k/v [T, Hkv, D]; caches [slots, Hkv, D]. Returns [T, H*D] in q's dtype;
-    attention runs in the caches' (a bf16 cache under fp32 activations: in bf16)."""
-    k_cache.index_copy_(0, batch.write_slots, k.to(k_cache.dtype))
-    v_cache.index_copy_(0, batch.write_slots, v.to(v_cache.dtype))
-    q = q.to(k_cache.dtype)
+    """q [T, H, D], k/v [T, Hkv, D], in the caches' dtype; caches [slots, Hkv, D]. Returns
+    [T, H*D]."""
+    k_cache.index_copy_(0, batch.write_slots, k)
+    v_cache.index_copy_(0, batch.write_slots, v)
     if len(batch.groups) == 1 and batch.groups[0].is_decode:
-        return _attend(q.unsqueeze(1), k_cache, v_cache, batch.groups[0],
-                       batch.fixed_shape).to(k.dtype)
+        return _attend(q.unsqueeze(1), k_cache, v_cache, batch.groups[0], batch.fixed_shape)
     out = q.new_empty(q.shape[0], q.shape[1] * q.shape[2])
     for group in batch.groups:
         queries = q[group.query_index]
         out.index_copy_(0, group.token_index, _attend(queries, k_cache, v_cache, group,
                                                       batch.fixed_shape)[group.unpad_index])
-    return out.to(k.dtype)
+    return out
 
 
 def _attend(queries: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -151,7 +151,9 @@ def _attend(queries: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     """queries [B, Qmax, H, D] → [B*Qmax, H*D]."""
     keys = _gather(k_cache, group.context_slots)      # [B, Hkv, Lmax, D]
     values = _gather(v_cache, group.context_slots)
-    with contextlib.nullcontext() if fixed_shape else sdpa_kernel(EAGER_BACKENDS):
+    # Only CUDA has cuDNN's kernel to avoid; on a CPU the context would cost 12 µs a layer.
+    restricts = not fixed_shape and queries.device.type == "cuda"
+    with sdpa_kernel(EAGER_BACKENDS) if restricts else contextlib.nullcontext():
         out = F.scaled_dot_product_attention(queries.transpose(1, 2), keys, values,
                                              attn_mask=group.mask, enable_gqa=True)
     return out.transpose(1, 2).reshape(-1, queries.shape[2] * queries.shape[3])

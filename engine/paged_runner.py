@@ -9,7 +9,10 @@ On a CPU, a projection is computed as nn.Linear's x @ Wᵀ or as (W @ xᵀ)ᵀ, 
 faster for its number of rows when the model was loaded (see `measured_choice.py`).
 
 With a quantization plan the projections, the LM head and the embedding hold integer weights
-(see `quantization.py`); activations, norms and attention stay in float32.
+(see `quantization.py`) and return bf16 or float32, as their kernels do; the residual stream
+and norms stay in float32, and Q/K/V are rotated and attended in the KV cache's dtype (bf16
+where the CPU multiplies bf16 fast, else float32). Sums with the float32 residual stream
+promote, so no conversion is spent on what the next op would convert anyway.
 
 On CUDA, decode steps replay CUDA graphs (see `decode_graphs.py`).
 """
@@ -263,11 +266,13 @@ class PagedRunner:
         """The logits at batch.sample_index, on the device, without host synchronisation."""
         hidden = self._embed(batch.token_ids)
         cos, sin = self._rotary(hidden, batch.positions.unsqueeze(0))
-        cos, signed_sin = cos[0].unsqueeze(1), _negate_first_half(sin[0].unsqueeze(1))
+        attention_dtype = self._cache_dtype
+        cos = cos[0].unsqueeze(1).to(attention_dtype)
+        signed_sin = _negate_first_half(sin[0].unsqueeze(1)).to(attention_dtype)
         num_qk_heads = self._num_heads + self._num_kv_heads
         for index, layer in enumerate(self._layers):
-            qkv = layer.qkv(layer.input_norm(hidden)).view(-1, num_qk_heads + self._num_kv_heads,
-                                                           self._head_dim)
+            qkv = layer.qkv(layer.input_norm(hidden)).to(attention_dtype)
+            qkv = qkv.view(-1, num_qk_heads + self._num_kv_heads, self._head_dim)
             qk = _rotate(qkv[:, :num_qk_heads], cos, signed_sin)
             q, k = qk.split((self._num_heads, self._num_kv_heads), dim=1)
             v = qkv[:, num_qk_heads:]

@@ -116,7 +116,9 @@ class Scratch:
 
 
 class QuantizedProjection:
-    """y = x @ weightᵀ (+ bias) for float32 x, with a QuantizedWeight."""
+    """y = x @ weightᵀ (+ bias) with a QuantizedWeight, for float32 or bf16 x. y is bf16 from
+    PyTorch's kernels and bf16 copies, float32 from fp32 dequantisation: the caller converts
+    only where it needs to."""
 
     def __init__(self, weight: QuantizedWeight, bias: torch.Tensor | None, scratch: Scratch, *,
                  dense_bf16: bool = False, dense: MeasuredChoice | None = None,
@@ -160,17 +162,18 @@ class QuantizedProjection:
                                                            self._scales_and_zeros)
         else:
             y = torch.ops.aten._weight_int8pack_mm(x, self._quantized.codes, self._channel_scales)
-        return y.float()
+        return y
 
     def dense_mm(self, x: torch.Tensor) -> torch.Tensor:
         if self._bf16_weight is not None:
             rows = x.shape[0]
             x = F.pad(x.to(torch.bfloat16), (0, 0, 0, -rows % BF16_ROWS_MULTIPLE))
             return torch.ops.mkldnn._linear_pointwise(x, self._bf16_weight, None, "none", [],
-                                                      "")[:rows].float()
+                                                      "")[:rows]
         out_features, in_features = self.shape
         channels = min(out_features, DEQUANTIZE_CHANNELS)
         buffer = self._scratch.at_least(channels * in_features)
+        x = x.float()
         y = x.new_empty(x.shape[0], out_features)
         for start in range(0, out_features, channels):
             rows = slice(start, min(start + channels, out_features))

@@ -77,11 +77,14 @@ def test_both_paths_compute_the_dequantized_weight(bits: int, rows: int, form: s
     x = torch.randn(rows, 128)
     expected = x @ dequantized(weight).t()
     packed, dense = projection.packed_mm(x), projection.dense_mm(x)
-    assert packed.dtype == dense.dtype == torch.float32
+    assert packed.dtype == torch.bfloat16
+    assert dense.dtype == (torch.bfloat16 if form == "bf16-copy" else torch.float32)
     tolerance = 0.02 * expected.abs().max() + 1e-5
-    assert torch.allclose(dense, expected, atol=1e-5 if form != "bf16-copy" else tolerance)
-    assert torch.allclose(packed, expected, atol=tolerance)
+    assert torch.allclose(dense.float(), expected,
+                          atol=1e-5 if form != "bf16-copy" else tolerance)
+    assert torch.allclose(packed.float(), expected, atol=tolerance)
     assert torch.allclose(projection(x), packed + bias)
+    assert torch.allclose(projection.dense_mm(x.bfloat16()).float(), expected, atol=tolerance)
     dense_first = QuantizedProjection(weight, bias, Scratch(), dense=MeasuredChoice.second_always(),
                                       **DENSE_FORMS[form])
     assert torch.allclose(dense_first(x), dense + bias)
