@@ -29,7 +29,8 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class EngineStats:
-    """A snapshot of the engine's load and KV cache (MindIE's slot and block counts)."""
+    """A snapshot of the engine's load and KV cache (MindIE's slot and block counts);
+    num_steps: the steps that ran the model so far (Triton's execution count)."""
 
     num_free_blocks: int
     num_total_blocks: int
@@ -38,6 +39,7 @@ class EngineStats:
     num_preemptions: int
     block_size: int
     max_batch_size: int
+    num_steps: int
 
 
 class ModelRunner(Protocol):
@@ -57,6 +59,7 @@ class EngineCore:
         self._requests: dict[str, Request] = {}
         self._arrivals = itertools.count()
         self._stopped: list[RequestOutput] = []
+        self._num_steps = 0
 
     @property
     def num_waiting(self) -> int:
@@ -73,7 +76,8 @@ class EngineCore:
                            num_waiting=self.num_waiting, num_running=self.num_running,
                            num_preemptions=self.scheduler.num_preemptions,
                            block_size=block_manager.block_size,
-                           max_batch_size=self.scheduler.max_running)
+                           max_batch_size=self.scheduler.max_running,
+                           num_steps=self._num_steps)
 
     def has_work(self) -> bool:
         return bool(self._requests)
@@ -113,6 +117,7 @@ class EngineCore:
         chunks = self.scheduler.schedule()
         if not chunks:
             return outputs
+        self._num_steps += 1
         chunks, logits, outputs_of_failed = self._execute(chunks)
         outputs.extend(outputs_of_failed)
         for chunk in chunks:

@@ -42,7 +42,10 @@ ROUTES: dict[Plane, list[tuple[str, type[tornado.web.RequestHandler], str]]] = {
     Plane.BUSINESS: [
         *HEALTH_ROUTES,
         (r"/v2", triton.ServerMetadataHandler, "server_metadata"),
+        # Before MODEL, which would take "stats" for a model's name.
+        (r"/v2/models/stats", triton.ModelStatisticsHandler, "server_statistics"),
         (MODEL, triton.ModelMetadataHandler, "model_metadata"),
+        (MODEL + r"/stats", triton.ModelStatisticsHandler, "model_statistics"),
         (MODEL + r"/config", triton.ModelConfigHandler, "model_config"),
         (MODEL + r"/infer", triton.InferHandler, "infer"),
         (MODEL + r"/generate", triton.GenerateHandler, "generate"),

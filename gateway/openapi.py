@@ -274,6 +274,13 @@ REPLIES: dict[str, JSON] = {
                           "inputs": array(TENSOR_METADATA), "outputs": array(TENSOR_METADATA)},
                          ["name", "versions", "platform", "inputs", "outputs"]),
     "ModelConfig": obj({"name": STRING}, ["name"]),
+    "ModelStatistics": obj({"model_stats": array(obj({
+        "name": STRING, "version": STRING,
+        **counts("last_inference", "inference_count", "execution_count"),
+        "inference_stats": {"type": "object", "additionalProperties": obj(
+            counts("count", "ns"), ["count", "ns"])},
+    }, ["name", "version", "inference_count", "execution_count", "inference_stats"]))},
+        ["model_stats"]),
     "InferResponse": obj({
         "model_name": STRING, "model_version": STRING, "id": STRING,
         "parameters": {"type": "object"},
@@ -444,6 +451,10 @@ OPERATIONS: dict[str, dict[str, Operation]] = {
                                         json_reply("ModelMetadata"))},
     "model_config": {"get": Operation("Triton's model configuration",
                                       json_reply("ModelConfig"))},
+    "server_statistics": {"get": Operation("Triton's statistics of every model",
+                                           json_reply("ModelStatistics"))},
+    "model_statistics": {"get": Operation("Triton's statistics of the model",
+                                          json_reply("ModelStatistics"))},
     "infer": {"post": Operation(
         "KServe v2 inference: token ids (`input0`) or text (`text_input`) in. The binary "
         "tensor data extension (`Inference-Header-Content-Length`, `binary_data_size`) is "

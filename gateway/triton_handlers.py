@@ -1,5 +1,5 @@
 """Routes of the Triton / KServe v2 family (MindIE's EndPoint table): health, metadata, config,
-/infer, /generate, /generate_stream, stopInfer and getSlotCount."""
+statistics, /infer, /generate, /generate_stream, stopInfer and getSlotCount."""
 
 from __future__ import annotations
 
@@ -61,6 +61,15 @@ class ModelConfigHandler(Handler):
         response = await self.track(self.upstream.inference.ModelConfig(
             pb.ModelConfigRequest(name=model, version=version or ""), timeout=METADATA_TIMEOUT_S))
         self.write_json(kserve.model_config_json(response.config))
+
+
+class ModelStatisticsHandler(Handler):
+    async def get(self, model: str | None = None, version: str | None = None) -> None:
+        """No model in the path: every model's."""
+        response = await self.track(self.upstream.inference.ModelStatistics(
+            pb.ModelStatisticsRequest(name=model or "", version=version or ""),
+            timeout=METADATA_TIMEOUT_S))
+        self.write_json(kserve.model_statistics_json(response))
 
 
 class InferHandler(Handler):

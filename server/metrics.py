@@ -1,7 +1,8 @@
 """The server's Prometheus metrics.
 
 What each request took is recorded as its events pass (`RequestRecorder`); the engine's load
-is read when scraped. Every metric is exported under our own name (`switchboard_*`) and, where
+is read when scraped. Cumulative totals in Triton's terms (`InferenceTotals`) feed KServe's
+ModelStatistics. Every metric is exported under our own name (`switchboard_*`) and, where
 vLLM exports the same measure, under vLLM's name too, so that dashboards and load-aware routers
 built for vLLM read Switchboard unchanged. The moving averages of MindIE's /metrics-json are
 kept here as well.
@@ -12,6 +13,7 @@ from __future__ import annotations
 import collections
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 
 import prometheus_client
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -51,6 +53,35 @@ TOKEN_GAP_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0
 REQUEST_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 60.0, 120.0, 300.0, 600.0,
                    1200.0, 3600.0)
 TOKEN_COUNT_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000)
+
+
+@dataclass(slots=True)
+class Duration:
+    """How many times something happened and its total time, in nanoseconds."""
+
+    count: int = 0
+    ns: int = 0
+
+    def add(self, seconds: float) -> None:
+        self.count += 1
+        self.ns += round(seconds * 1e9)
+
+
+@dataclass(slots=True)
+class InferenceTotals:
+    """Requests so far as Triton's statistics extension counts them: success and fail, from
+    arrival to end (a request whose client left failed); for successes only, queue (arrival
+    to first scheduled) and compute_infer (first scheduled to end). last_inference_ms: when
+    the last request ended, in milliseconds since the epoch (0: none yet)."""
+
+    success: Duration = field(default_factory=Duration)
+    fail: Duration = field(default_factory=Duration)
+    queue: Duration = field(default_factory=Duration)
+    compute_infer: Duration = field(default_factory=Duration)
+    last_inference_ms: int = 0
+
+    def ended(self) -> None:
+        self.last_inference_ms = time.time_ns() // 1_000_000
 
 
 class ServerMetrics:
@@ -109,6 +140,7 @@ class ServerMetrics:
             maxlen=MOVING_AVERAGE_REQUESTS)
         self._token_gaps: collections.deque[float] = collections.deque(
             maxlen=MOVING_AVERAGE_REQUESTS)
+        self.totals = InferenceTotals()
 
         self._exported = prometheus_client.CollectorRegistry(auto_describe=False)
         self._exported.register(ExportedNames(self._measures))
@@ -130,6 +162,10 @@ class ServerMetrics:
 
     def observe_finished(self, recorder: RequestRecorder, now: float) -> None:
         self.e2e_latency.observe(now - recorder.start)
+        self.totals.success.add(now - recorder.start)
+        self.totals.queue.add(recorder.queue_wait)
+        self.totals.compute_infer.add(now - recorder.start - recorder.queue_wait)
+        self.totals.ended()
         self.request_prompt_tokens.observe(recorder.num_prompt_tokens)
         self.request_generation_tokens.observe(recorder.num_generated_tokens)
         self.prompt_tokens.inc(recorder.num_prompt_tokens)
@@ -144,11 +180,17 @@ class ServerMetrics:
                 self.time_per_output_token.observe(gap)
                 self._token_gaps.append(gap)
 
-    def count_aborted(self) -> None:
+    def count_aborted(self, recorder: RequestRecorder, now: float) -> None:
         self._success.labels(self.model_name, "abort").inc()
+        self._count_unsuccessful(recorder, now)
 
-    def count_failed(self, error: EngineError) -> None:
+    def count_failed(self, error: EngineError, recorder: RequestRecorder, now: float) -> None:
         self._failure.labels(self.model_name, status_for(error).name.lower()).inc()
+        self._count_unsuccessful(recorder, now)
+
+    def _count_unsuccessful(self, recorder: RequestRecorder, now: float) -> None:
+        self.totals.fail.add(now - recorder.start)
+        self.totals.ended()
 
 
 class RequestRecorder:
@@ -164,6 +206,7 @@ class RequestRecorder:
         self.num_generated_tokens = 0
         self.longest_sequence = 0
         self.finish_reason = ""
+        self.queue_wait = 0.0
         self._started_sequences: set[int] = set()
         self._ended = False
 
@@ -171,7 +214,8 @@ class RequestRecorder:
         if event.index not in self._started_sequences:
             self._started_sequences.add(event.index)
             if event.index == 0 and event.timings is not None:
-                self.metrics.queue_time.observe(event.timings.queue_wait)
+                self.queue_wait = event.timings.queue_wait
+                self.metrics.queue_time.observe(self.queue_wait)
         elif event.new_token_ids and event.timings is not None:
             self.metrics.inter_token_latency.observe(event.timings.token_latency)
         if event.new_token_ids and self.first_token_at is None:
@@ -190,12 +234,12 @@ class RequestRecorder:
 
     def failed(self, error: EngineError) -> None:
         self._ended = True
-        self.metrics.count_failed(error)
+        self.metrics.count_failed(error, self, time.monotonic())
 
     def close(self) -> None:
         if not self._ended:
             self._ended = True
-            self.metrics.count_aborted()
+            self.metrics.count_aborted(self, time.monotonic())
 
 
 class EngineLoadCollector(Collector):

@@ -1,4 +1,5 @@
-"""What the server says about its model: KServe v2 metadata and Triton's model config."""
+"""What the server says about its model: KServe v2 metadata, Triton's model config and
+statistics."""
 
 from __future__ import annotations
 
@@ -7,11 +8,12 @@ from engine.validation import MAX_SEQUENCES, MAX_STOP_SEQUENCES, MAX_TOP_LOGPROB
 from proto import grpc_service_pb2 as pb
 from proto import model_config_pb2 as mc
 from server.codec import InputKind
+from server.metrics import Duration, InferenceTotals
 
 PLATFORM = "switchboard"
 MODEL_VERSION = "1"
 # Triton extensions this server implements (ServerMetadataResponse.extensions).
-EXTENSIONS = ("model_configuration", "parameters", "schedule_policy")
+EXTENSIONS = ("model_configuration", "parameters", "schedule_policy", "statistics")
 # Devices the model is spread over: one (no tensor parallelism).
 WORLD_SIZE = 1
 
@@ -63,3 +65,18 @@ def model_config(model_name: str, engine: EngineClient | None) -> pb.ModelConfig
                            ("world_size", WORLD_SIZE)):
             config.parameters[key].string_value = str(value)
     return pb.ModelConfigResponse(config=config)
+
+
+def model_statistics(model_name: str, totals: InferenceTotals,
+                     num_steps: int) -> pb.ModelStatisticsResponse:
+    """Triton's statistics of the served model: an inference is a request that succeeded, an
+    execution an engine step (a step computes many requests' tokens at once)."""
+    def duration(value: Duration) -> pb.StatisticDuration:
+        return pb.StatisticDuration(count=value.count, ns=value.ns)
+
+    return pb.ModelStatisticsResponse(model_stats=[pb.ModelStatistics(
+        name=model_name, version=MODEL_VERSION, last_inference=totals.last_inference_ms,
+        inference_count=totals.success.count, execution_count=num_steps,
+        inference_stats=pb.InferStatistics(
+            success=duration(totals.success), fail=duration(totals.fail),
+            queue=duration(totals.queue), compute_infer=duration(totals.compute_infer)))])

@@ -21,7 +21,7 @@ class ServedModel:
     def __init__(self, model_name: str) -> None:
         self.model_name = model_name
         self.engine: EngineClient | None = None
-        self.metrics = ServerMetrics(model_name, self._stats)
+        self.metrics = ServerMetrics(model_name, self.engine_stats)
         self.stopping = False
         self._request_ids_by_client_id: defaultdict[str, set[str]] = defaultdict(set)
         self._in_flight = 0
@@ -97,5 +97,6 @@ class ServedModel:
     def request_ids(self, client_id: str) -> frozenset[str]:
         return frozenset(self._request_ids_by_client_id.get(client_id, ()))
 
-    def _stats(self) -> EngineStats | None:
+    def engine_stats(self) -> EngineStats | None:
+        """The engine's load; None before it is loaded."""
         return self.engine.stats() if self.engine is not None else None

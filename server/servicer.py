@@ -93,6 +93,16 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return model_info.model_config(self.served.model_name, self.served.engine)
 
     @engine_errors
+    async def ModelStatistics(self, request: pb.ModelStatisticsRequest,
+                              context: grpc.aio.ServicerContext) -> pb.ModelStatisticsResponse:
+        """An empty name asks for every model: the one served."""
+        if request.name:
+            self.served.check_model(request.name, request.version)
+        stats = self.served.engine_stats()
+        return model_info.model_statistics(self.served.model_name, self.served.metrics.totals,
+                                           stats.num_steps if stats is not None else 0)
+
+    @engine_errors
     async def ModelInfer(self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
                          ) -> pb.ModelInferResponse:
         call, events = self._start(request)

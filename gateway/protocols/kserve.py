@@ -176,6 +176,23 @@ def model_metadata_json(response: pb.ModelMetadataResponse) -> dict[str, object]
             "outputs": tensors(response.outputs)}
 
 
+def model_statistics_json(response: pb.ModelStatisticsResponse) -> dict[str, object]:
+    """Triton's REST statistics: every duration of `inference_stats` written out, zeros
+    included, as Triton does."""
+    def duration(value: pb.StatisticDuration) -> dict[str, int]:
+        return {"count": value.count, "ns": value.ns}
+
+    return {"model_stats": [{
+        "name": stats.name, "version": stats.version, "last_inference": stats.last_inference,
+        "inference_count": stats.inference_count, "execution_count": stats.execution_count,
+        "inference_stats": {field.name: duration(getattr(stats.inference_stats, field.name))
+                            for field in pb.InferStatistics.DESCRIPTOR.fields},
+        "response_stats": {},
+        "batch_stats": [],
+        "memory_usage": [],
+    } for stats in response.model_stats]}
+
+
 def model_config_json(config: mc.ModelConfig) -> dict[str, object]:
     """Triton's REST model config: the ModelConfig message as JSON, proto field names, 64-bit
     integers as numbers (protobuf's JSON writes them as strings; Triton converts them back)."""

@@ -135,12 +135,28 @@ def test_tritonclient_http_health_metadata_config(triton) -> None:
     assert not triton.is_model_ready("no-such-model")
 
 
-@pytest.mark.parametrize("binary_data", [True, False], ids=["binary", "json"])
-def test_tritonclient_http_token_infer(triton, binary_data) -> None:
+def test_tritonclient_http_inference_statistics(triton) -> None:
+    before = triton.get_inference_statistics(MODEL)["model_stats"][0]
+    triton.infer(MODEL, [token_tensor()], parameters={"max_new_tokens": 2})
+    (after,) = triton.get_inference_statistics()["model_stats"]  # every model's: this one
+    assert after["name"] == MODEL
+    assert after["inference_count"] == before["inference_count"] + 1
+    stats = after["inference_stats"]
+    assert stats["success"]["count"] == before["inference_stats"]["success"]["count"] + 1
+    assert isinstance(stats["success"]["ns"], int) and stats["success"]["ns"] > 0
+    assert stats["compute_input"] == {"count": 0, "ns": 0}  # Triton writes every duration
+
+
+def token_tensor(binary_data: bool = True) -> httpclient.InferInput:
     tensor = httpclient.InferInput("input0", [len(PROMPT_IDS)], "UINT32")
     tensor.set_data_from_numpy(np.array(PROMPT_IDS, dtype=np.uint32), binary_data=binary_data)
+    return tensor
+
+
+@pytest.mark.parametrize("binary_data", [True, False], ids=["binary", "json"])
+def test_tritonclient_http_token_infer(triton, binary_data) -> None:
     output = httpclient.InferRequestedOutput("output0", binary_data=binary_data)
-    result = triton.infer(MODEL, [tensor], outputs=[output], request_id="tc-http",
+    result = triton.infer(MODEL, [token_tensor(binary_data)], outputs=[output], request_id="tc-http",
                           parameters={"max_new_tokens": 4, "do_sample": False})
     tokens = result.as_numpy("output0")
     assert tokens.dtype == np.uint32
@@ -282,7 +298,7 @@ def test_out_of_range_generate_is_refused_naming_the_field(gateway, client_files
     assert "top_p" in reply["error"]
 
 
-@pytest.mark.parametrize("route", ["", "/ready", "/config", "/infer", "/generate"])
+@pytest.mark.parametrize("route", ["", "/ready", "/config", "/stats", "/infer", "/generate"])
 def test_unknown_model_is_not_found(gateway, client_files, route) -> None:
     body = {"/infer": infer_body(), "/generate": {"text_input": "Hi"}}.get(route)
     status, reply = request(gateway.url("business"), client_files,

@@ -63,6 +63,26 @@ def test_health_and_metadata(client) -> None:
     assert config.model_transaction_policy.decoupled
 
 
+def test_inference_statistics_count_the_answered_requests(client) -> None:
+    def model_stats(name: str = ""):
+        (stats,) = client.get_inference_statistics(name).model_stats
+        return stats
+
+    before = model_stats(MODEL)
+    generate_text(client, "Hello", max_new_tokens=2)
+    after = model_stats()  # no name: every model's, this one's
+    assert after.name == MODEL and after.version == "1"
+    assert after.inference_count == before.inference_count + 1
+    assert after.inference_stats.success.count == before.inference_stats.success.count + 1
+    assert after.inference_stats.success.ns > before.inference_stats.success.ns
+    assert after.inference_stats.queue.count == after.inference_stats.success.count
+    assert after.execution_count >= before.execution_count + 2  # the prompt, then a token
+    assert abs(after.last_inference / 1000 - time.time()) < 60
+    with pytest.raises(InferenceServerException) as raised:
+        client.get_inference_statistics("no-such-model")
+    assert raised.value.status() == "StatusCode.NOT_FOUND"
+
+
 def test_unknown_model_is_not_found(client) -> None:
     with pytest.raises(InferenceServerException) as raised:
         client.get_model_metadata("no-such-model")

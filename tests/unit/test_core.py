@@ -284,6 +284,16 @@ def test_a_failure_in_a_shared_step_fails_only_its_request(arrangement: str) -> 
     assert core.scheduler.block_manager.num_free_blocks == 32
 
 
+def test_steps_that_run_the_model_are_counted_and_idle_ones_are_not() -> None:
+    core = make_core()
+    assert core.stats().num_steps == 0
+    core.add(make_request("r", "a", max_new_tokens=3))
+    run(core)  # the prompt and the first token, then two more tokens
+    assert core.stats().num_steps == 3
+    core.step()
+    assert core.stats().num_steps == 3
+
+
 def test_token_latency_is_time_since_the_previous_token() -> None:
     core = make_core()
     core.add(make_request("r", "a", max_new_tokens=3))

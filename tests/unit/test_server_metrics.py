@@ -4,6 +4,7 @@ server.served_model (requests in flight, graceful stop), with a fake engine."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -20,7 +21,7 @@ from server.served_model import ServedModel
 
 MODEL = "m"
 STATS = EngineStats(num_free_blocks=25, num_total_blocks=100, num_waiting=3, num_running=2,
-                    num_preemptions=4, block_size=16, max_batch_size=8)
+                    num_preemptions=4, block_size=16, max_batch_size=8, num_steps=12)
 LIMITS = EngineLimits(vocab_size=100, max_seq_len=64, max_input_len=63, max_iter_times=64)
 
 
@@ -148,6 +149,26 @@ def test_a_failed_request_counts_as_failure_by_grpc_status_not_success() -> None
     recorder.close()
     assert value(metrics, "switchboard_request_failure_total", reason="deadline_exceeded") == 1
     assert not families(metrics)["switchboard_request_success"]
+
+
+def test_triton_totals_time_successes_and_count_the_rest_as_failures() -> None:
+    metrics = ServerMetrics(MODEL, lambda: None)
+    answered = metrics.start_request()
+    for event in THREE_TOKENS:
+        answered.event(event)
+    answered.finished()
+    answered.close()
+    failed = metrics.start_request()
+    failed.event(THREE_TOKENS[0])
+    failed.failed(RequestTimedOut("timed out"))
+    failed.close()
+    metrics.start_request().close()  # the client left
+    totals = metrics.totals
+    assert (totals.success.count, totals.fail.count) == (1, 2)
+    assert totals.queue.count == totals.compute_infer.count == 1
+    assert totals.queue.ns == 2_000_000  # the events' queue_wait
+    assert abs(totals.queue.ns + totals.compute_infer.ns - totals.success.ns) <= 1
+    assert abs(totals.last_inference_ms / 1000 - time.time()) < 5
 
 
 def test_generation_tokens_of_n_sequences_add_up() -> None:
