@@ -126,15 +126,14 @@ class Gateway:
         upstream calls, use them; connections and streams in flight carry on."""
         try:
             contexts = [plane.ssl_context() for _, plane in self._servers]
-            if self.config.upstream.tls is not None:
-                self.config.upstream.tls.load()
+            upstream_credentials = self.config.upstream.credentials()
         except (OSError, ValueError) as error:  # ssl.SSLError and TLSConfigError among them
             logger.error("TLS files not reloaded, the current ones stay in use: %s", error)
             return
         for (server, _), context in zip(self._servers, contexts):
             server.ssl_options = context
-        if self.config.upstream.tls is not None:
-            self.services.upstream.reload()
+        if upstream_credentials is not None:
+            self.services.upstream.reload(upstream_credentials)
         logger.info("TLS files reloaded: new connections use them")
 
     async def stop(self) -> None:

@@ -24,15 +24,14 @@ class Upstream:
     def __init__(self, config: UpstreamConfig) -> None:
         self.config = config
         self._retiring: set[asyncio.Task[None]] = set()
-        self._connect()
+        self._connect(config.credentials())
 
-    def _connect(self) -> None:
+    def _connect(self, credentials: grpc.ChannelCredentials | None) -> None:
         options = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                    ("grpc.initial_reconnect_backoff_ms", RECONNECT_BACKOFF_MS[0]),
                    ("grpc.min_reconnect_backoff_ms", RECONNECT_BACKOFF_MS[0]),
                    ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MS[1])]
-        credentials = self.config.credentials()
         self.channel = (grpc.aio.secure_channel(self.config.target, credentials, options)
                         if credentials is not None
                         else grpc.aio.insecure_channel(self.config.target, options))
@@ -40,11 +39,11 @@ class Upstream:
         self.management = sb_grpc.ManagementStub(self.channel)
         self.generation = sb_grpc.GenerationStub(self.channel)
 
-    def reload(self) -> None:
-        """Certificate rotation: new calls go over a new channel with the files read again;
-        the old channel closes once the calls on it have ended."""
+    def reload(self, credentials: grpc.ChannelCredentials) -> None:
+        """Certificate rotation: new calls go over a new channel with these credentials (the
+        files read again); the old channel closes once the calls on it have ended."""
         retired = self.channel
-        self._connect()
+        self._connect(credentials)
         # A request cannot outlive the longest timeout: by then the retired channel is idle.
         task = asyncio.ensure_future(retired.close(grace=MAX_DEADLINE_S))
         self._retiring.add(task)
