@@ -41,6 +41,11 @@ class EngineStats:
     max_batch_size: int
     num_steps: int
 
+    @property
+    def free_slots(self) -> int:
+        """Requests that would run at once, without waiting for a place in the batch."""
+        return max(0, self.max_batch_size - self.num_running - self.num_waiting)
+
 
 class ModelRunner(Protocol):
     def execute(self, chunks: Sequence[SequenceChunk]) -> torch.Tensor:

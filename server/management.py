@@ -47,10 +47,9 @@ class ManagementServicer(sb_grpc.ManagementServicer):
                            ) -> sb.GetSlotCountResponse:
         self.served.check_model(request.model_name)
         stats = self.served.ready_engine().stats()
-        claimed = stats.num_running + stats.num_waiting
         return sb.GetSlotCountResponse(
             total_slots=stats.max_batch_size,
-            free_slots=max(0, stats.max_batch_size - claimed),
+            free_slots=stats.free_slots,
             available_tokens_length=stats.num_free_blocks * stats.block_size,
         )
 
@@ -70,6 +69,7 @@ class ManagementServicer(sb_grpc.ManagementServicer):
             response.total_blocks = stats.num_total_blocks
             response.block_size = stats.block_size
             response.preemptions = stats.num_preemptions
+            response.free_slots = stats.free_slots
         return response
 
     async def GetMetrics(self, request: sb.GetMetricsRequest, context: grpc.aio.ServicerContext

@@ -53,13 +53,11 @@ def config_json(model_name: str, parameters: Mapping[str, str]) -> dict[str, obj
 
 
 def status_json(status: sb.GetStatusResponse) -> dict[str, object]:
-    free_slots = max(0, status.max_running_requests - status.running_requests
-                     - status.waiting_requests)
     return {
         "service": {"roleStatus": "RoleReady" if status.ready else "RoleUnknown",
                     "currentRole": CURRENT_ROLE},
         "resource": {
-            "availSlotsNum": free_slots,
+            "availSlotsNum": status.free_slots,
             "availBlockNum": status.free_blocks,
             "waitingRequestNum": status.waiting_requests,
             "runningRequestNum": status.running_requests,

@@ -10,7 +10,7 @@ import pytest
 import torch
 from fakes import EOS_ID, FakeRunner, ids, make_core, make_request
 
-from engine.core import EngineCore
+from engine.core import EngineCore, EngineStats
 from engine.errors import GenerationFailed, RequestTimedOut
 from engine.params import GenerationRequest
 from engine.request import FinishReason, RequestOutput
@@ -282,6 +282,13 @@ def test_a_failure_in_a_shared_step_fails_only_its_request(arrangement: str) -> 
     assert good_outputs[-1].finish_reason is FinishReason.LENGTH
     assert runner.calls.count(("prefill", "f")) == 2  # in the shared batch, then alone
     assert core.scheduler.block_manager.num_free_blocks == 32
+
+
+def test_free_slots_are_the_batch_places_nobody_claims_and_never_negative() -> None:
+    stats = EngineStats(num_free_blocks=25, num_total_blocks=100, num_waiting=1, num_running=2,
+                        num_preemptions=0, block_size=16, max_batch_size=8, num_steps=0)
+    assert stats.free_slots == 5
+    assert dataclasses.replace(stats, num_running=8, num_waiting=20).free_slots == 0
 
 
 def test_steps_that_run_the_model_are_counted_and_idle_ones_are_not() -> None:

@@ -51,20 +51,13 @@ def test_config_before_the_model_is_loaded_is_unavailable() -> None:
 def test_status_reports_the_role_and_resources(ready: bool, role_status: str) -> None:
     status = status_json(sb.GetStatusResponse(
         ready=ready, max_running_requests=8, running_requests=2, waiting_requests=1,
-        free_blocks=25, total_blocks=100))
+        free_slots=5, free_blocks=25, total_blocks=100))
     assert status["service"] == {"roleStatus": role_status, "currentRole": "none"}
     assert status["resource"] == {
         "availSlotsNum": 5, "availBlockNum": 25, "waitingRequestNum": 1, "runningRequestNum": 2,
         "swappedRequestNum": 0, "freeNpuBlockNums": 25, "freeCpuBlockNums": 0,
         "totalNpuBlockNums": 100, "totalCpuBlockNums": 0}
     assert status["linkStatus"] == {"peers": []}
-
-
-def test_free_slots_are_never_negative() -> None:
-    """A long waiting queue outnumbers the free batch slots."""
-    status = status_json(sb.GetStatusResponse(ready=True, max_running_requests=8,
-                                              running_requests=8, waiting_requests=20))
-    assert status["resource"]["availSlotsNum"] == 0
 
 
 def test_metrics_json_is_a_vector_of_five_string_values_ttft_in_ms() -> None:
