@@ -138,11 +138,17 @@ def tls_files_from_settings(settings: Mapping[str, object]) -> TLSFiles | None:
 
 
 def crl_file_from_settings(settings: Mapping[str, object]) -> Path | None:
-    """`--tls-crl`, else MindIE's tlsCrlPath + tlsCrlFiles (a list; the first file is used)."""
+    """`--tls-crl`, else MindIE's tlsCrlPath + tlsCrlFiles (a list of one file, or none: a
+    CRL is optional). Unlike a second CA file, which could only refuse more clients, a
+    second CRL would be refused rather than ignored: ignoring it would admit the
+    certificates it revokes."""
     if settings.get("tls_crl"):
         return Path(str(settings["tls_crl"]))
     files = settings.get("tls_crl_files")
     if isinstance(files, list):
+        if len(files) > 1:
+            raise ConfigError(f"tlsCrlFiles: one CRL file (the CA's) is supported; got "
+                              f"{len(files)}: {', '.join(map(str, files))}")
         files = files[0] if files else None
     if not files:
         return None

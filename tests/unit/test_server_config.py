@@ -16,7 +16,8 @@ from engine.errors import (EngineDead, EngineError, GenerationFailed, InvalidReq
                            Overloaded, PromptTooLong, RequestTimedOut)
 from gateway.config import GatewayConfig, Plane, TLSMode
 from server.cli import KEY_PASSWORD_ENV, _configs, _describe, _parser, gateway_config
-from server.config import ConfigError, ServerConfig, read_config_file, tls_files_from_settings
+from server.config import (ConfigError, ServerConfig, crl_file_from_settings, read_config_file,
+                           tls_files_from_settings)
 from server.errors import status_for
 from tls import (CertificateAuthority, DevPKIPaths, TLSConfigError, TLSFiles, create_crl,
                  write_dev_pki)
@@ -300,6 +301,16 @@ def test_the_crl_comes_from_mindies_keys_or_the_flag(tmp_path: Path, pki: DevPKI
     flagged.write_bytes(create_crl(ca, [6]))
     tls = configs("--config", str(path), "--tls-crl", str(flagged))[1].tls
     assert tls.crl_file == flagged and tls.load().revoked_serial_numbers == {6}
+
+
+@pytest.mark.parametrize(("files", "expected"), [([], None), (["a.pem"], Path("crl/a.pem"))])
+def test_a_crl_list_names_one_file_or_none(files: list[str], expected: Path | None) -> None:
+    assert crl_file_from_settings({"tls_crl_path": "crl", "tls_crl_files": files}) == expected
+
+
+def test_a_second_crl_file_is_refused_rather_than_ignored() -> None:
+    with pytest.raises(ConfigError, match="tlsCrlFiles: one CRL file .* got 2: a.pem, b.pem"):
+        crl_file_from_settings({"tls_crl_files": ["a.pem", "b.pem"]})
 
 
 def test_the_key_password_comes_from_a_file_or_the_environment_and_is_never_logged(
