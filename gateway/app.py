@@ -157,10 +157,10 @@ async def serve(config: GatewayConfig) -> None:
     flight finish first, and a second signal stops at once."""
     gateway = Gateway(config)
     lifecycle = gateway.lifecycle
-    signalled, forced = asyncio.Event(), asyncio.Event()
+    signalled = asyncio.Event()
 
     def on_signal() -> None:
-        (forced if signalled.is_set() else signalled).set()
+        (lifecycle.stop_now if signalled.is_set() else signalled).set()
         lifecycle.begin_stop()
         lifecycle.exit_requested.set()
 
@@ -174,7 +174,7 @@ async def serve(config: GatewayConfig) -> None:
     await lifecycle.exit_requested.wait()
     logger.info("stopping: answering the requests in flight (signal again to stop at once)")
     drained = asyncio.create_task(lifecycle.drained())
-    stop_now = asyncio.create_task(forced.wait())
+    stop_now = asyncio.create_task(lifecycle.stop_now.wait())
     await asyncio.wait({drained, stop_now}, return_when=asyncio.FIRST_COMPLETED)
     for task in (drained, stop_now):
         task.cancel()

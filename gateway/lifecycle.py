@@ -8,6 +8,11 @@ import asyncio
 
 from gateway.errors import RequestError
 
+# A forced stop (MindIE's /stopService?mode=Force, which kills its processes after 5 s) lets
+# the requests in flight run this long at most; the server, told by StopService, cuts them off
+# after as long.
+FORCED_STOP_S = 5.0
+
 
 class Lifecycle:
     def __init__(self) -> None:
@@ -17,6 +22,8 @@ class Lifecycle:
         self._idle.set()
         # Set when the gateway should close its servers and exit.
         self.exit_requested = asyncio.Event()
+        # Set when it should do so without waiting for the requests in flight.
+        self.stop_now = asyncio.Event()
 
     def begin_stop(self) -> bool:
         """Refuse new inference requests from now on; False if a stop had already begun."""
@@ -34,6 +41,9 @@ class Lifecycle:
         self.in_flight -= 1
         if not self.in_flight:
             self._idle.set()
+
+    def stop_now_after(self, seconds: float) -> None:
+        asyncio.get_running_loop().call_later(seconds, self.stop_now.set)
 
     async def drained(self) -> None:
         """Return once no inference request is in flight."""

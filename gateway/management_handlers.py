@@ -11,6 +11,7 @@ import prometheus_client
 
 from gateway.errors import RequestError, client_message
 from gateway.handler import METADATA_TIMEOUT_S, Handler
+from gateway.lifecycle import FORCED_STOP_S
 from gateway.protocols import mindie, mindie_management
 from proto import switchboard_pb2 as sb
 
@@ -48,19 +49,30 @@ class HealthTimedHandler(ManagementHandler):
 class StopServiceHandler(ManagementHandler):
     """/stopService: new inference requests get 503 from now on; the answer (200, no body) comes
     once every request in flight has been answered, then the gateway and the server exit. A
-    second call during the stop gets 500, as MindIE's."""
+    second call during the stop gets 500, as MindIE's. `?mode=Force` answers at once, and both
+    exit within FORCED_STOP_S, cutting off what is still in flight."""
 
     exit_when_answered = False
 
     async def get(self) -> None:
-        if not self.services.lifecycle.begin_stop():
+        mode = self.get_query_argument("mode", "")
+        if mode.lower() not in ("", "force"):
+            raise RequestError(400, f"mode must be Force, or absent; got {mode!r}")
+        force = bool(mode)
+        lifecycle = self.services.lifecycle
+        if not lifecycle.begin_stop():
             raise RequestError(500, "a graceful stop is already under way")
-        logger.info("graceful stop requested: finishing the requests in flight")
+        logger.info("%s stop requested: %s", *(
+            ("forced", f"cutting off the requests in flight after {FORCED_STOP_S:g} s") if force
+            else ("graceful", "finishing the requests in flight")))
         self.exit_when_answered = True
         try:  # not tracked: the stop goes on if the caller leaves
-            await self.upstream.management.StopService(sb.StopServiceRequest())
+            await self.upstream.management.StopService(sb.StopServiceRequest(force=force))
         finally:
-            await self.services.lifecycle.drained()
+            if force:
+                lifecycle.stop_now_after(FORCED_STOP_S)
+            else:
+                await lifecycle.drained()
 
     def on_finish(self) -> None:
         super().on_finish()

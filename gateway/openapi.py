@@ -510,7 +510,8 @@ OPERATIONS: dict[str, dict[str, Operation]] = {
         "MindIE's deep probe: one token generated within N seconds (default 10)",
         json_reply("HealthTimed"))},
     "stop_service": {"get": Operation(
-        "Graceful stop: answers (empty) once the requests in flight are answered, then exits",
+        "Graceful stop: answers (empty) once the requests in flight are answered, then exits; "
+        "with `?mode=Force`, answers at once and cuts them off after 5 s",
         NO_BODY)},
     "mindie_config": {"get": Operation("MindIE's static configuration",
                                        json_reply("MindIEConfig"))},

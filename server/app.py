@@ -35,6 +35,9 @@ MANAGEMENT_SERVICE = sb.DESCRIPTOR.services_by_name["Management"].full_name
 GENERATION_SERVICE = sb.DESCRIPTOR.services_by_name["Generation"].full_name
 SERVICES = (INFERENCE_SERVICE, GENERATION_SERVICE, MANAGEMENT_SERVICE)
 SHUTDOWN_GRACE_S = 5.0
+# A forced stop (MindIE's /stopService?mode=Force, which kills its processes after 5 s) lets
+# the requests in flight run this long at most.
+FORCED_STOP_S = 5.0
 
 
 def package_version() -> str:
@@ -61,6 +64,9 @@ class Server:
         self.port: int | None = None
         # Set by SIGTERM / SIGINT or by a StopService call that has drained the server.
         self.exit_requested = asyncio.Event()
+        # Set by a second signal, or FORCED_STOP_S after a forced StopService: stop without
+        # waiting for the requests in flight.
+        self.stop_now = asyncio.Event()
 
     async def start(self) -> None:
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(
@@ -102,14 +108,22 @@ class Server:
 
     async def drain(self) -> None:
         """Graceful stop: refuse new requests (health NOT_SERVING), wait for those in flight."""
-        if self._served.begin_stop():
-            await self._health.enter_graceful_shutdown()
+        await self._refuse_new_requests()
         await self._served.drained()
 
-    async def stop_service(self) -> None:
-        """Drain, then ask `serve` to exit."""
-        await self.drain()
+    async def stop_service(self, force: bool) -> None:
+        """Drain, then ask `serve` to exit; forced, ask at once, and stop waiting for the
+        requests in flight after FORCED_STOP_S."""
+        if force:
+            await self._refuse_new_requests()
+            asyncio.get_running_loop().call_later(FORCED_STOP_S, self.stop_now.set)
+        else:
+            await self.drain()
         self.exit_requested.set()
+
+    async def _refuse_new_requests(self) -> None:
+        if self._served.begin_stop():
+            await self._health.enter_graceful_shutdown()
 
     async def stop(self) -> None:
         await self._health.enter_graceful_shutdown()
@@ -133,10 +147,10 @@ async def serve(engine_config: EngineConfig, config: ServerConfig) -> None:
     """Run until SIGINT, SIGTERM or a StopService call; a signal drains the requests in flight
     first, and a second signal stops at once."""
     server = Server(engine_config, config)
-    signalled, forced = asyncio.Event(), asyncio.Event()
+    signalled = asyncio.Event()
 
     def on_signal() -> None:
-        (forced if signalled.is_set() else signalled).set()
+        (server.stop_now if signalled.is_set() else signalled).set()
         server.exit_requested.set()
 
     loop = asyncio.get_running_loop()
@@ -154,7 +168,7 @@ async def serve(engine_config: EngineConfig, config: ServerConfig) -> None:
         await server.exit_requested.wait()
     loading.cancel()
     logger.info("stopping: finishing the requests in flight (signal again to stop at once)")
-    await _first_of(server.drain(), forced.wait())
+    await _first_of(server.drain(), server.stop_now.wait())
     await server.stop()
 
 

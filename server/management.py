@@ -23,9 +23,10 @@ PROBE_TIMEOUT_S = 10.0
 
 
 class ManagementServicer(sb_grpc.ManagementServicer):
-    """`stop_service` drains the server and makes it exit (StopService)."""
+    """`stop_service(force)` drains the server and makes it exit (StopService)."""
 
-    def __init__(self, served: ServedModel, stop_service: Callable[[], Awaitable[None]]) -> None:
+    def __init__(self, served: ServedModel,
+                 stop_service: Callable[[bool], Awaitable[None]]) -> None:
         self.served = served
         self.stop_service = stop_service
         self._stop: asyncio.Future[None] | None = None
@@ -97,6 +98,6 @@ class ManagementServicer(sb_grpc.ManagementServicer):
         if self.served.stopping:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                                 "a graceful stop is already under way")
-        self._stop = asyncio.ensure_future(self.stop_service())
+        self._stop = asyncio.ensure_future(self.stop_service(request.force))
         await asyncio.shield(self._stop)  # the stop goes on if the caller leaves
         return sb.StopServiceResponse()

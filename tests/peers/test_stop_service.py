@@ -21,6 +21,7 @@ from gateway_clients import (MODEL, REQUEST_TIMEOUT_S, connect, curl_with, fetch
 from server.process import GatewayProcess, ServerProcess
 
 TOKENS = 80  # long enough to outlast the checks made during the drain
+FORCED_STOP_S = 5  # MindIE's /stopService?mode=Force kills its processes after 5 s
 EXIT_TIMEOUT_S = 20  # from the end of the drain
 PROMPTS = ("Write a long story about a dragon.", "Describe the sea in detail.")
 # A new request of each protocol family during the drain, and its error body's keys.
@@ -152,6 +153,24 @@ def test_stop_service_goes_through_when_its_caller_gives_up(service, client_file
     caller.close()  # an operator's client timing out
     stream.assert_complete()
     assert_exits_cleanly(gateway, server)
+
+
+def test_a_forced_stop_answers_at_once_and_cuts_the_streams_off_within_seconds(
+        service, client_files) -> None:
+    server, gateway = service
+    management = gateway.url("management")
+    assert request(management, client_files, "/stopService?mode=Soon")[0] == 400
+    stream = InferStream(gateway, client_files, PROMPTS[0])
+    stream.body["parameters"]["max_new_tokens"] = 500  # far longer than the stop allows
+    assert stream.first_event.wait(REQUEST_TIMEOUT_S) and stream.events, stream.done
+    asked_at = time.monotonic()
+    assert fetch(management, client_files, "/stopService?mode=Force")[:2] == (200, b"")
+    assert time.monotonic() - asked_at < 2
+    assert_exits_cleanly(gateway, server)
+    assert time.monotonic() - asked_at < FORCED_STOP_S + EXIT_TIMEOUT_S
+    stream.done.exception(timeout=REQUEST_TIMEOUT_S)  # the reader ended, however it did
+    assert 0 < len(stream.events) < 500
+    assert all(event.get("generated_text") is None for event in stream.events)  # no last event
 
 
 def test_sigterm_finishes_the_stream_in_flight_then_both_processes_exit(service,
