@@ -3,8 +3,9 @@
 What each request took is recorded as its events pass (`RequestRecorder`); the engine's load
 is read when scraped. Cumulative totals in Triton's terms (`InferenceTotals`) feed KServe's
 ModelStatistics. Every metric is exported under our own name (`switchboard_*`) and, where
-vLLM exports the same measure, under vLLM's name too, so that dashboards and load-aware routers
-built for vLLM read Switchboard unchanged. The moving averages of MindIE's /metrics-json are
+vLLM or MindIE exports the same measure, under their names too (MindIE's are vLLM's V0 names
+without the `vllm:` prefix), so that dashboards and load-aware routers built for either read
+Switchboard unchanged. The moving averages of MindIE's /metrics-json are
 kept here as well.
 """
 
@@ -43,6 +44,22 @@ VLLM_NAMES: dict[str, tuple[str, ...]] = {
     "request_queue_time_seconds": ("vllm:request_queue_time_seconds",),
     "request_prompt_tokens": ("vllm:request_prompt_tokens",),
     "request_generation_tokens": ("vllm:request_generation_tokens",),
+}
+# Our base name → MindIE's names for the same measure (its prometheus_metrics.cpp).
+MINDIE_NAMES: dict[str, tuple[str, ...]] = {
+    "num_requests_running": ("num_requests_running",),
+    "num_requests_waiting": ("num_requests_waiting",),
+    "kv_cache_usage_perc": ("npu_cache_usage_perc",),
+    "num_preemptions": ("num_preemptions",),
+    "prompt_tokens": ("prompt_tokens",),
+    "generation_tokens": ("generation_tokens",),
+    "request_success": ("request_success",),
+    "request_failure": ("request_failed",),
+    "time_to_first_token_seconds": ("time_to_first_token_seconds",),
+    "time_per_output_token_seconds": ("time_per_output_token_seconds",),
+    "e2e_request_latency_seconds": ("e2e_request_latency_seconds",),
+    "request_prompt_tokens": ("request_prompt_tokens",),
+    "request_generation_tokens": ("request_generation_tokens",),
 }
 # MindIE's /metrics-json averages over the last 1000 requests.
 MOVING_AVERAGE_REQUESTS = 1000
@@ -275,14 +292,16 @@ class EngineLoadCollector(Collector):
 
 
 class ExportedNames(Collector):
-    """Another registry's metrics under `switchboard_<name>`, and under vLLM's names too."""
+    """Another registry's metrics under `switchboard_<name>`, and under vLLM's and MindIE's
+    names too."""
 
     def __init__(self, measures: prometheus_client.CollectorRegistry) -> None:
         self._measures = measures
 
     def collect(self) -> Iterator[Metric]:
         for family in self._measures.collect():
-            for name in (OWN_PREFIX + family.name, *VLLM_NAMES.get(family.name, ())):
+            for name in (OWN_PREFIX + family.name, *VLLM_NAMES.get(family.name, ()),
+                         *MINDIE_NAMES.get(family.name, ())):
                 yield _renamed(family, name)
 
 

@@ -71,6 +71,23 @@ VLLM_FAMILIES = {
     "time_to_first_token_seconds": ("vllm:time_to_first_token_seconds",),
 }
 
+# MindIE's families (its prometheus_metrics.cpp), by our measure, written out likewise.
+MINDIE_FAMILIES = {
+    "e2e_request_latency_seconds": "e2e_request_latency_seconds",
+    "generation_tokens": "generation_tokens",
+    "kv_cache_usage_perc": "npu_cache_usage_perc",
+    "num_preemptions": "num_preemptions",
+    "num_requests_running": "num_requests_running",
+    "num_requests_waiting": "num_requests_waiting",
+    "prompt_tokens": "prompt_tokens",
+    "request_failure": "request_failed",
+    "request_generation_tokens": "request_generation_tokens",
+    "request_prompt_tokens": "request_prompt_tokens",
+    "request_success": "request_success",
+    "time_per_output_token_seconds": "time_per_output_token_seconds",
+    "time_to_first_token_seconds": "time_to_first_token_seconds",
+}
+
 THREE_TOKENS = (output((11,), 1), output((12,), 2),
                 output((13,), 3, finish=FinishReason.LENGTH, cached=4))
 
@@ -86,6 +103,20 @@ def test_every_measure_is_exported_under_our_name_and_vllms() -> None:
     assert value(metrics, "vllm:gpu_cache_usage_perc") == value(
         metrics, "vllm:kv_cache_usage_perc") == 0.75
     assert scraped["switchboard_server_process_resident_memory_bytes"][0].value > 0
+
+
+def test_mindies_unprefixed_names_are_exported_too() -> None:
+    metrics = ServerMetrics(MODEL, lambda: STATS)
+    metrics.start_request().close()
+    failed = metrics.start_request()
+    failed.failed(RequestTimedOut("timed out"))
+    scraped = families(metrics)
+    for name, mindie_name in MINDIE_FAMILIES.items():
+        assert scraped[mindie_name], mindie_name
+        assert [sample.value for sample in scraped[mindie_name]] == [
+            sample.value for sample in scraped[f"switchboard_{name}"]], name
+    assert value(metrics, "npu_cache_usage_perc") == 0.75
+    assert value(metrics, "request_failed_total", reason="deadline_exceeded") == 1
 
 
 def test_measures_vllm_lacks_have_no_vllm_alias() -> None:
