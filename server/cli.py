@@ -25,13 +25,16 @@ from gateway.config import (DEFAULT_BUSINESS_PORT, DEFAULT_CLIENT_TIMEOUT_S, DEF
 from server.config import (DEFAULT_GRPC_HOST, DEFAULT_GRPC_PORT, DEFAULT_MODEL_NAME, ConfigError,
                            ServerConfig, crl_file_from_settings, read_config_file,
                            tls_files_from_settings)
-from server.process import STOP_TIMEOUT_S, ChildProcess, GatewayProcess, ServerProcess
+from server.process import ChildProcess, GatewayProcess, ServerProcess
 from tls import TLSConfigError, TLSFiles, dev_files
 
 logger = logging.getLogger("switchboard")
 
 DEFAULT_TLS_DIR = Path("tls/dev")
 KEY_PASSWORD_ENV = "SWITCHBOARD_TLS_KEY_PASSWORD"
+# `run`: after one child stops by itself, how long its partner has to follow (a /stopService
+# stops both; the server takes a few seconds to close) before it is sent SIGTERM.
+PARTNER_EXIT_GRACE_S = 15
 ENGINE_SETTINGS = tuple(field.name for field in dataclasses.fields(EngineConfig))
 SERVER_FLAGS = frozenset({"model", "model_name", "device", "dtype", "quantization", "grpc_host",
                           "grpc_port", "cache_dir", "tls_crl", "enforce_eager"})
@@ -79,9 +82,9 @@ def _parser() -> argparse.ArgumentParser:
 
     run = commands.add_parser("run", help="start the server, then the gateway in front of it; "
                                           "Ctrl-C stops both")
-    run.set_defaults(command=_run)
     _add_common_arguments(run)
-    _add_gateway_arguments(run, with_upstream=False)
+    gateway_options = _add_gateway_arguments(run, with_upstream=False)
+    run.set_defaults(command=_run, gateway_options=gateway_options)
     return parser
 
 
@@ -102,35 +105,40 @@ def _add_common_arguments(parser: argparse.ArgumentParser) -> None:
                              f"{KEY_PASSWORD_ENV} environment variable; never a flag)")
 
 
-def _add_gateway_arguments(parser: argparse.ArgumentParser, *, with_upstream: bool = True) -> None:
+def _add_gateway_arguments(parser: argparse.ArgumentParser, *, with_upstream: bool = True
+                           ) -> dict[str, str]:
+    """The gateway's own flags; returns them as {dest: option} (`run` passes them on)."""
+    actions: list[argparse.Action] = []
+
+    def add(*flags: str, **options: object) -> None:
+        actions.append(parser.add_argument(*flags, **options))
+
     if with_upstream:
-        parser.add_argument("--upstream", help=f"the gRPC server, HOST:PORT (default: the config "
-                                               f"file's grpcIpAddress:grpcPort, else {DEFAULT_UPSTREAM})")
-    parser.add_argument("--http-host", help=f"business plane address (default: {DEFAULT_HTTP_HOST})")
-    parser.add_argument("--http-port", type=int,
-                        help=f"business plane port (default: {DEFAULT_BUSINESS_PORT}; 0 picks one)")
-    parser.add_argument("--management-host", help="management and metrics planes' address "
-                                                  "(default: the business plane's)")
-    parser.add_argument("--management-port", type=int,
-                        help=f"default: {DEFAULT_MANAGEMENT_PORT}; 0 picks one")
-    parser.add_argument("--metrics-port", type=int,
-                        help=f"default: {DEFAULT_METRICS_PORT}; may equal the management port")
+        add("--upstream", help=f"the gRPC server, HOST:PORT (default: the config file's "
+                               f"grpcIpAddress:grpcPort, else {DEFAULT_UPSTREAM})")
+    add("--http-host", help=f"business plane address (default: {DEFAULT_HTTP_HOST})")
+    add("--http-port", type=int,
+        help=f"business plane port (default: {DEFAULT_BUSINESS_PORT}; 0 picks one)")
+    add("--management-host",
+        help="management and metrics planes' address (default: the business plane's)")
+    add("--management-port", type=int, help=f"default: {DEFAULT_MANAGEMENT_PORT}; 0 picks one")
+    add("--metrics-port", type=int,
+        help=f"default: {DEFAULT_METRICS_PORT}; may equal the management port")
     for plane in Plane:
-        parser.add_argument(f"--{plane.value}-tls", choices=[mode.value for mode in TLSMode],
-                            help=f"the {plane.value} plane's TLS: mutual (default), server "
-                                 "(no client certificate asked), none (plain HTTP, loopback only)")
-    parser.add_argument("--max-body-bytes", type=int,
-                        help=f"larger request bodies get 413 (default: {DEFAULT_MAX_BODY_BYTES})")
-    parser.add_argument("--max-connections", type=int,
-                        help="open connections per plane; one more gets 503 (default: the config "
-                             f"file's maxLinkNum, else {DEFAULT_MAX_CONNECTIONS})")
-    parser.add_argument("--client-timeout", type=float,
-                        help="seconds for a request's headers, for its body, and for an idle "
-                             f"connection; slower clients are cut off (default: "
-                             f"{DEFAULT_CLIENT_TIMEOUT_S:g})")
-    parser.add_argument("--max-header-bytes", type=int,
-                        help=f"larger request headers end the connection (default: "
-                             f"{DEFAULT_MAX_HEADER_BYTES})")
+        add(f"--{plane.value}-tls", choices=[mode.value for mode in TLSMode],
+            help=f"the {plane.value} plane's TLS: mutual (default), server (no client "
+                 "certificate asked), none (plain HTTP, loopback only)")
+    add("--max-body-bytes", type=int,
+        help=f"larger request bodies get 413 (default: {DEFAULT_MAX_BODY_BYTES})")
+    add("--max-connections", type=int,
+        help="open connections per plane; one more gets 503 (default: the config file's "
+             f"maxLinkNum, else {DEFAULT_MAX_CONNECTIONS})")
+    add("--client-timeout", type=float,
+        help="seconds for a request's headers, for its body, and for an idle connection; "
+             f"slower clients are cut off (default: {DEFAULT_CLIENT_TIMEOUT_S:g})")
+    add("--max-header-bytes", type=int,
+        help=f"larger request headers end the connection (default: {DEFAULT_MAX_HEADER_BYTES})")
+    return {action.dest: action.option_strings[0] for action in actions}
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -239,18 +247,18 @@ def _key_password(args: argparse.Namespace) -> bytes | None:
 def _run(args: argparse.Namespace) -> int:
     """The server and the gateway as child processes. SIGINT or SIGTERM is passed on to both:
     they finish the requests in flight and exit; a second signal stops them at once. When one
-    exits by itself with status 0 (/stopService), so does the other, and so does `run`."""
+    exits by itself (/stopService to the gateway, which stops both, or StopService to the
+    server alone), the other, unless it exits too within PARTNER_EXIT_GRACE_S, is stopped as
+    by SIGTERM; `run` exits 0 if both did."""
     shared = [*(["--config", str(args.config)] if args.config else []),
               *(["--tls-dir", str(args.tls_dir)] if args.tls_dir else []),
               *(["--tls-crl", str(args.tls_crl)] if args.tls_crl else []),
               *(["--tls-key-password-file", str(args.tls_key_password_file)]
                 if args.tls_key_password_file else []),
               *(["--insecure"] if args.insecure else [])]
-    gateway_flags = [f"--{name.replace('_', '-')}={value}" for name, value in vars(args).items()
-                     if value is not None and name.startswith(("http_", "management_", "metrics_",
-                                                               "business_", "max_body",
-                                                               "max_connections", "client_timeout",
-                                                               "max_header"))]
+    gateway_flags = [f"{option}={getattr(args, dest)}"
+                     for dest, option in args.gateway_options.items()
+                     if getattr(args, dest) is not None]
     done = threading.Event()  # a signal came, or a child exited
     signalled = threading.Event()
     children: list[ChildProcess] = []
@@ -275,7 +283,9 @@ def _run(args: argparse.Namespace) -> int:
         if signalled.is_set():
             statuses = [child.stop(timeout_s=None) for child in children]
             return 0 if statuses == [0] * len(children) else 1
-        statuses = [child.wait_exit(STOP_TIMEOUT_S) for child in children]
+        statuses = [child.wait_exit(PARTNER_EXIT_GRACE_S) for child in children]
+        statuses = [child.stop() if status is None else status
+                    for child, status in zip(children, statuses)]
         if statuses == [0] * len(children):
             return 0
         logger.error("a child process exited (statuses %s); stopping", statuses)

@@ -10,10 +10,12 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
+import shutil
 import socket
 import ssl
 import struct
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -68,6 +70,16 @@ def curl(url: str, ca: Path, cert: Path | None = None, key: Path | None = None, 
                for name, _, value in (line.partition(":") for line in header_lines)}
     return CurlResult(ran.returncode, int(status_line.split()[1]), headers, payload,
                       ran.stderr.decode())
+
+
+GRPCURL = shutil.which("grpcurl", path=str(Path(sys.executable).parent)) or shutil.which("grpcurl")
+
+
+def grpcurl(address: str, files, *args: str) -> subprocess.CompletedProcess[str]:
+    """grpcurl with the client's certificate: options, then the method, called on `address`."""
+    command = [GRPCURL, "-cacert", str(files.ca), "-cert", str(files.cert), "-key", str(files.key),
+               *args[:-1], address, args[-1]]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120)
 
 
 def curl_with(files, url: str, **kwargs) -> CurlResult:

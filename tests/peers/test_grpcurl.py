@@ -5,32 +5,22 @@ from __future__ import annotations
 
 import base64
 import json
-import shutil
 import struct
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from gateway_clients import GRPCURL, grpcurl
 from prometheus_client.parser import text_string_to_metric_families
-
-GRPCURL = shutil.which("grpcurl", path=str(Path(sys.executable).parent)) or shutil.which("grpcurl")
-
-
-def grpcurl(server, files, *args: str) -> subprocess.CompletedProcess[str]:
-    command = [GRPCURL, "-cacert", str(files.ca), "-cert", str(files.cert), "-key", str(files.key),
-               *args[:-1], server.address, args[-1]]
-    return subprocess.run(command, capture_output=True, text=True, timeout=120)
 
 
 def test_grpcurl_lists_services_through_reflection(grpc_server, client_files) -> None:
-    listed = grpcurl(grpc_server, client_files, "list")
+    listed = grpcurl(grpc_server.address, client_files, "list")
     assert listed.returncode == 0, listed.stderr
     assert {"inference.GRPCInferenceService", "grpc.health.v1.Health"} <= set(listed.stdout.split())
 
 
 def test_grpcurl_health_check_is_serving(grpc_server, client_files) -> None:
-    checked = grpcurl(grpc_server, client_files, "grpc.health.v1.Health/Check")
+    checked = grpcurl(grpc_server.address, client_files, "grpc.health.v1.Health/Check")
     assert checked.returncode == 0, checked.stderr
     assert json.loads(checked.stdout) == {"status": "SERVING"}
 
@@ -42,7 +32,7 @@ def test_grpcurl_text_inference_with_typed_contents(grpc_server, client_files) -
                     "contents": {"bytes_contents": [base64.b64encode(b"The capital of France is").decode()]}}],
         "parameters": {"do_sample": {"bool_param": False}, "max_new_tokens": {"int64_param": 8}},
     }
-    answered = grpcurl(grpc_server, client_files, "-d", json.dumps(request),
+    answered = grpcurl(grpc_server.address, client_files, "-d", json.dumps(request),
                        "inference.GRPCInferenceService/ModelInfer")
     assert answered.returncode == 0, answered.stderr
     response = json.loads(answered.stdout)
@@ -56,7 +46,7 @@ def test_grpcurl_management_status_metrics_and_probe(grpc_server, client_files) 
     """GetStatus, GetMetrics and ProbeGeneration through reflection; the probe generates a
     token but is not counted in the request metrics."""
     def call(method: str) -> dict:
-        answered = grpcurl(grpc_server, client_files, "-emit-defaults",
+        answered = grpcurl(grpc_server.address, client_files, "-emit-defaults",
                            f"switchboard.v1.Management/{method}")
         assert answered.returncode == 0, answered.stderr
         return json.loads(answered.stdout)

@@ -1,37 +1,39 @@
-"""`switchboard run` (what `make run` calls) starts the server and the gateway; Ctrl-C, or
-/stopService on the management plane, stops both cleanly."""
+"""`switchboard run` (what `make run` calls) starts the server and the gateway; Ctrl-C,
+/stopService on the management plane, or StopService to the server alone stops both cleanly."""
 
 from __future__ import annotations
 
-import re
 import signal
 import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from gateway_clients import MODEL, curl_with
+from gateway_clients import MODEL, curl_with, grpcurl
 
-READY = re.compile(r"gateway ready: business on (?P<business>\S+), management on "
-                   r"(?P<management>\S+),")
+from server.process import GATEWAY_READY, SERVER_READY
 
 
 @contextmanager
-def switchboard_run(pki) -> Iterator[tuple[subprocess.Popen, re.Match, list[str]]]:
-    """`switchboard run` in a session of its own (as a terminal's foreground job), its ready
-    line, and its two children's pids."""
+def switchboard_run(pki) -> Iterator[tuple[subprocess.Popen, dict[str, str], list[str]]]:
+    """`switchboard run` in a session of its own (as a terminal's foreground job), the
+    addresses its ready lines give (the gateway's planes, and the server's `grpc`), and its
+    two children's pids."""
     run = subprocess.Popen(
         [sys.executable, "-m", "server", "run", "--tls-dir", str(pki.folder), "--http-port", "0",
          "--management-port", "0", "--metrics-port", "0"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
-        log = []
+        log, server_ready, gateway_ready = [], None, None
         for line in run.stdout:
             log.append(line)
-            ready = READY.search(line)
-            if ready:
+            server_ready = server_ready or SERVER_READY.search(line)
+            gateway_ready = GATEWAY_READY.search(line)
+            if gateway_ready:
                 break
-        assert ready, "".join(log)
+        assert server_ready and gateway_ready, "".join(log)
+        ready = {**gateway_ready.groupdict(),
+                 "grpc": f"{server_ready['host']}:{server_ready['port']}"}
         children = subprocess.run(["pgrep", "-P", str(run.pid)], capture_output=True, text=True)
         child_pids = children.stdout.split()
         assert len(child_pids) == 2, children.stdout
@@ -62,4 +64,11 @@ def test_stop_service_ends_run_with_status_0(pki, client_files) -> None:
     with switchboard_run(pki) as (run, ready, child_pids):
         reply = curl_with(client_files, f"{ready['management']}/stopService")
         assert reply.status == 200, reply.body
+        assert_all_exited(run, child_pids)
+
+
+def test_stop_service_to_the_server_alone_ends_run_with_status_0(pki, client_files) -> None:
+    with switchboard_run(pki) as (run, ready, child_pids):
+        stopped = grpcurl(ready["grpc"], client_files, "switchboard.v1.Management/StopService")
+        assert stopped.returncode == 0, stopped.stderr
         assert_all_exited(run, child_pids)
