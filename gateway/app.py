@@ -20,7 +20,7 @@ from gateway import generation_handlers as generation
 from gateway import management_handlers as management
 from gateway import openapi
 from gateway import triton_handlers as triton
-from gateway.config import GatewayConfig, Plane, PlaneConfig
+from gateway.config import CONNECTIONS_PER_LINK, GatewayConfig, Plane, PlaneConfig
 from gateway.handler import Handler, NotFoundHandler, Services
 from gateway.http_server import BoundedHTTPServer
 from gateway.lifecycle import Lifecycle
@@ -98,7 +98,8 @@ class Gateway:
         self.lifecycle = Lifecycle()
         self.services = Services(upstream=Upstream(config.upstream), lifecycle=self.lifecycle,
                                  metrics=GatewayMetrics(lambda: self.lifecycle.in_flight),
-                                 max_body_bytes=config.max_body_bytes)
+                                 max_body_bytes=config.max_body_bytes,
+                                 admission=asyncio.Semaphore(config.max_connections))
         self._servers: list[tuple[BoundedHTTPServer, PlaneConfig]] = []
         self.addresses: dict[Plane, str] = {}
 
@@ -111,7 +112,7 @@ class Gateway:
                 max_header_size=self.config.max_header_bytes,
                 idle_connection_timeout=self.config.client_timeout_s,
                 body_timeout=self.config.client_timeout_s,
-                max_connections=self.config.max_connections,
+                max_connections=CONNECTIONS_PER_LINK * self.config.max_connections,
                 refusal_timeout_s=self.config.client_timeout_s)
             sockets = tornado.netutil.bind_sockets(plane_config.port, plane_config.host)
             server.add_sockets(sockets)

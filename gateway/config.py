@@ -19,6 +19,9 @@ DEFAULT_METRICS_PORT = 1027
 DEFAULT_UPSTREAM = "127.0.0.1:8001"
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
 DEFAULT_MAX_CONNECTIONS = 1000  # MindIE's maxLinkNum default
+# MindIE: maxLinkNum requests are served at once, 2 × maxLinkNum more wait their turn, and the
+# one after is refused; here, connections beyond this many × max_connections, per plane.
+CONNECTIONS_PER_LINK = 3
 DEFAULT_CLIENT_TIMEOUT_S = 60.0
 DEFAULT_MAX_HEADER_BYTES = 64 * 1024
 
@@ -98,9 +101,10 @@ class UpstreamConfig:
 
 @dataclass(frozen=True, slots=True)
 class GatewayConfig:
-    """Limits per plane's server: `max_connections` open at once; `client_timeout_s` for a
-    request's headers (and a TLS handshake) to arrive, for its body, and for an idle
-    keep-alive connection; `max_header_bytes` for its headers."""
+    """Limits: `max_connections` (MindIE's maxLinkNum) inference requests forwarded at once,
+    the others waiting their turn, and CONNECTIONS_PER_LINK × as many connections open per
+    plane; `client_timeout_s` for a request's headers (and a TLS handshake) to arrive, for its
+    body, and for an idle keep-alive connection; `max_header_bytes` for its headers."""
 
     planes: tuple[PlaneConfig, ...]
     upstream: UpstreamConfig

@@ -3,6 +3,7 @@ shape (never a traceback), and in-flight gRPC calls cancelled when the client go
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import AsyncIterable, Callable, Iterable
@@ -35,6 +36,8 @@ class Services:
     lifecycle: Lifecycle
     metrics: GatewayMetrics
     max_body_bytes: int
+    # Inference requests forwarded at once (MindIE's maxLinkNum); the others wait in turn.
+    admission: asyncio.Semaphore
 
 
 @tornado.web.stream_request_body
@@ -42,7 +45,8 @@ class Handler(tornado.web.RequestHandler):
     """Subclasses set `status_table` (gRPC status → HTTP status) and may override
     `error_body` for their protocol's error shape (KServe v2's `{"error": message}` here).
     Those whose POST runs a generation set `runs_inference`: during a graceful stop they answer
-    503, and the gateway waits for those in flight before it exits."""
+    503, and the gateway waits for those in flight before it exits; at most maxLinkNum of them
+    are forwarded at once, the others waiting in arrival order."""
 
     status_table = KSERVE_HTTP_STATUS
     runs_inference = False
@@ -56,8 +60,9 @@ class Handler(tornado.web.RequestHandler):
         self._size = 0
         self._calls: set[grpc.aio.Call] = set()
         self._in_flight = False
+        self._admitted = False
 
-    def prepare(self) -> None:
+    async def prepare(self) -> None:
         declared = self.request.headers.get("Content-Length", "0")
         if declared.isdigit() and int(declared) > self.max_body_bytes:
             raise RequestError(413, f"the body ({declared} bytes) is over the limit of "
@@ -65,6 +70,8 @@ class Handler(tornado.web.RequestHandler):
         if self.runs_inference and self.request.method == "POST":
             self.services.lifecycle.enter()
             self._in_flight = True
+            await self.services.admission.acquire()
+            self._admitted = True
 
     async def is_server_ready(self) -> bool:
         """Ready for inference: the server says so, and this gateway is not stopping."""
@@ -88,6 +95,9 @@ class Handler(tornado.web.RequestHandler):
                           for key, value in response.config.parameters.items()}
 
     def on_finish(self) -> None:
+        if self._admitted:
+            self._admitted = False
+            self.services.admission.release()
         if self._in_flight:
             self._in_flight = False
             self.services.lifecycle.leave()

@@ -131,8 +131,9 @@ def _add_gateway_arguments(parser: argparse.ArgumentParser, *, with_upstream: bo
     add("--max-body-bytes", type=int,
         help=f"larger request bodies get 413 (default: {DEFAULT_MAX_BODY_BYTES})")
     add("--max-connections", type=int,
-        help="open connections per plane; one more gets 503 (default: the config file's "
-             f"maxLinkNum, else {DEFAULT_MAX_CONNECTIONS})")
+        help="MindIE's maxLinkNum N: N inference requests forwarded at once, the next wait "
+             "their turn; one connection over 3N per plane gets 503 (default: the config "
+             f"file's maxLinkNum, else {DEFAULT_MAX_CONNECTIONS})")
     add("--client-timeout", type=float,
         help="seconds for a request's headers, for its body, and for an idle connection; "
              f"slower clients are cut off (default: {DEFAULT_CLIENT_TIMEOUT_S:g})")

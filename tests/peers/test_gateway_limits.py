@@ -1,6 +1,7 @@
-"""The gateway's connection limits against misbehaving clients: one connection over
-`--max-connections` (MindIE's maxLinkNum) gets 503 while the others are served, a client that
-sends its request one byte per second is cut off after `--client-timeout`, and headers over
+"""The gateway's limits against crowds and misbehaving clients: as MindIE's maxLinkNum
+(`--max-connections`) N, N inference requests run at once and the next wait their turn, one
+connection over 3 × N gets 503 while the others are served, a client that sends its request
+one byte per second is cut off after `--client-timeout`, and headers over
 `--max-header-bytes` end the connection; the gateway serves everyone else throughout."""
 
 from __future__ import annotations
@@ -9,14 +10,17 @@ import socket
 import ssl
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from urllib.parse import urlsplit
 
 import pytest
 from conftest import start_gateway
-from gateway_clients import MODEL, fetch, ssl_context
+from gateway_clients import (MODEL, fetch, long_generation, open_stream, request, ssl_context,
+                             unique_id)
 
-MAX_CONNECTIONS = 3
+MAX_LINKS = 1  # maxLinkNum: one inference request at a time, two more connections queue
+MAX_CONNECTIONS = 3 * MAX_LINKS
 CLIENT_TIMEOUT_S = 5  # generous: a loaded 2-core machine must still finish a handshake within it
 MAX_HEADER_BYTES = 4096
 READY = f"/v2/models/{MODEL}/ready"
@@ -25,7 +29,7 @@ READY = f"/v2/models/{MODEL}/ready"
 @pytest.fixture(scope="module")
 def limited_gateway(pki, grpc_server) -> Iterator:
     gateway = start_gateway(pki.folder, grpc_server.address,
-                            "--max-connections", str(MAX_CONNECTIONS),
+                            "--max-connections", str(MAX_LINKS),
                             "--client-timeout", str(CLIENT_TIMEOUT_S),
                             "--max-header-bytes", str(MAX_HEADER_BYTES))
     yield gateway
@@ -80,3 +84,23 @@ def test_headers_over_the_limit_end_the_connection(limited_gateway, client_files
         connection.sendall(request.encode())
         assert not read_all(connection).startswith(b"HTTP/1.1 200 ")
     assert fetch(limited_gateway.url("business"), client_files, READY)[0] == 200
+
+
+def test_inference_requests_over_max_links_wait_their_turn_instead_of_failing(
+        limited_gateway, client_files) -> None:
+    business = limited_gateway.url("business")
+    first = long_generation(unique_id("first"))
+    first["parameters"]["max_new_tokens"] = 40
+    with open_stream(business, client_files, first) as stream:
+        events = stream.events()
+        next(events)
+        with ThreadPoolExecutor(1) as pool:
+            second = pool.submit(lambda: (*request(
+                business, client_files, f"/v2/models/{MODEL}/generate",
+                {"text_input": "Hi", "parameters": {"max_new_tokens": 2}}), time.monotonic()))
+            rest = list(events)
+            first_ended_at = time.monotonic()
+            status, reply, second_answered_at = second.result(timeout=120)
+    assert rest[-1]["details"]["finish_reason"] == "length"
+    assert status == 200 and reply["text_output"], reply
+    assert second_answered_at >= first_ended_at - 0.05  # after the first, not alongside
