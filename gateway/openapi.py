@@ -225,6 +225,8 @@ REQUESTS: dict[str, JSON] = {
         "prompt": {"oneOf": [PROMPT, array(PROMPT, minItems=1), PROMPT_IDS,
                              array(PROMPT_IDS, minItems=1)]},
         **optional({"logprobs": TOP_LOGPROBS, "echo": BOOLEAN, "best_of": SEQUENCES}),
+        # Refused unless null.
+        "suffix": only(None, STRING),
     }, ["prompt"], closed=True),
     "MindIEParameters": obj(optional({
         **PARAMETERS, "include_stop_str_in_output": BOOLEAN,

@@ -18,6 +18,7 @@ from engine import validation
 from gateway import openapi
 from gateway.app import ROUTES, make_app
 from gateway.config import Plane
+from gateway.protocols import openai, tgi
 
 ALL_ROUTES = [openapi.Route(plane.value, pattern, handler, name)
               for plane, rules in ROUTES.items() for pattern, handler, name in rules]
@@ -107,6 +108,17 @@ def test_request_parameters_have_the_engines_ranges(name: str) -> None:
         assert schema.get("maximum", math.inf) == interval.high
     elif name in validation.BOOL_PARAMS:
         assert schema["type"] == "boolean"
+
+
+@pytest.mark.parametrize(("schema", "fields"), [
+    ("ChatCompletionRequest", openai.CHAT_FIELDS),
+    ("CompletionRequest", openai.COMPLETION_FIELDS),
+    ("TgiParameters", tgi.GENERATION_PARAMETERS | tgi.RENDERING_PARAMETERS | set(tgi.UNSUPPORTED)),
+])
+def test_request_fields_are_those_the_translator_reads(schema: str, fields: frozenset[str]) -> None:
+    """A field the translator reads but the document lacks would be refused by a client that
+    validates against it; one the document lists but the translator refuses would be a lie."""
+    assert set(openapi.REQUESTS[schema]["properties"]) == fields
 
 
 def test_shared_ranges_are_the_engines() -> None:
