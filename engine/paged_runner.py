@@ -23,6 +23,7 @@ import gc
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
+from typing import TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +38,11 @@ from engine.quantization import (QuantizationPlan, QuantizedEmbedding, Quantized
                                  QuantizedWeight, Scratch)
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+# Load-time measurements time products over this many bytes of weights (SmolLM2's 30 layers:
+# 106 MB of float32 up projections; timed on one 3.5 MB weight hot in cache, a choice of
+# form came out wrong).
+MEASURED_BYTES = 128 * 2**20
+Layer = TypeVar("Layer")
 
 
 class UnsupportedModel(ValueError):
@@ -207,18 +213,21 @@ class PagedRunner:
 
     @staticmethod
     def _measure_transposed(model: PreTrainedModel) -> MeasuredChoice:
-        """Whether (W @ xᵀ)ᵀ beats x @ Wᵀ on this CPU, by rows, timed over every layer's up
-        projection."""
-        weights = [layer.mlp.up_proj.weight.detach() for layer in model.model.layers]
+        """Whether (W @ xᵀ)ᵀ beats x @ Wᵀ on this CPU, by rows, timed over the layers' up
+        projections (see `measured_layers`)."""
+        weights = [layer.mlp.up_proj.weight.detach()
+                   for layer in measured_layers(model.model.layers,
+                                                lambda layer: layer.mlp.up_proj.weight.nbytes)]
         return MeasuredChoice().measure(
             one_after_another([partial(F.linear, weight=weight) for weight in weights]),
             one_after_another([partial(transposed_product, weight=weight) for weight in weights]),
             weights[0].shape[1])
 
     def _measure_dense(self) -> None:
-        """Whether the dense form beats PyTorch's packed kernels, by rows, timed over every
-        layer's gate/up projection."""
-        projections = [layer.gate_up for layer in self._layers]
+        """Whether the dense form beats PyTorch's packed kernels, by rows, timed over the
+        layers' gate/up projections (see `measured_layers`)."""
+        projections = [layer.gate_up for layer in measured_layers(
+            self._layers, lambda layer: 2 * layer.gate_up.shape.numel())]  # its bf16 bytes
         self._dense.measure(one_after_another([p.packed_mm for p in projections]),
                             one_after_another([p.dense_mm for p in projections]),
                             projections[0].shape[1])
@@ -281,6 +290,17 @@ class PagedRunner:
             gate, up = layer.gate_up(layer.post_norm(hidden)).chunk(2, dim=-1)
             hidden = hidden + layer.down(layer.act(gate) * up)
         return self._lm_head(self._final_norm(hidden[batch.sample_index]))
+
+
+def measured_layers(layers: Sequence[Layer], size: Callable[[Layer], int]) -> Sequence[Layer]:
+    """The first layers whose timed weights add up to MEASURED_BYTES (at least one): as a step
+    reads them, from memory rather than a cache, without minutes of timing a big model."""
+    total = 0
+    for count, layer in enumerate(layers, 1):
+        total += size(layer)
+        if total >= MEASURED_BYTES:
+            return layers[:count]
+    return layers
 
 
 def _negate_first_half(x: torch.Tensor) -> torch.Tensor:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from engine.measured_choice import MeasuredChoice
+from engine.paged_runner import measured_layers
 
 
 def slow(x: torch.Tensor) -> torch.Tensor:
@@ -24,3 +25,10 @@ def test_the_faster_way_is_chosen_for_every_number_of_rows() -> None:
     assert not any(MeasuredChoice().measure(fast, slow, 64).second_is_faster(n) for n in rows)
     assert not any(MeasuredChoice().second_is_faster(n) for n in rows)
     assert all(MeasuredChoice.second_always().second_is_faster(n) for n in rows)
+
+
+def test_timing_covers_the_first_128_mib_of_layers_and_at_least_one() -> None:
+    up_projection = 1536 * 576 * 4  # SmolLM2's, float32: its 30 layers are 106 MB
+    assert measured_layers(list(range(30)), lambda _: up_projection) == list(range(30))
+    assert measured_layers(list(range(16)), lambda _: 64 * 2**20) == [0, 1]
+    assert measured_layers([7], lambda _: 2**40) == [7]
