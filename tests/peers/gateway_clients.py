@@ -153,6 +153,13 @@ def open_stream(base_url: str, files, body: dict) -> Iterator[OpenStream]:
         connection.close()
 
 
+def slot_count(gateway, files) -> dict:
+    """MindIE's getSlotCount on the management plane: total_slots, free_slots, …"""
+    status, reply = request(gateway.url("management"), files, f"/v2/models/{MODEL}/getSlotCount")
+    assert status == 200, reply
+    return reply
+
+
 def long_generation(request_id: str) -> dict:
     """A greedy request that runs 200 tokens unless stopped."""
     return {"id": request_id, "text_input": "Write a long story about a dragon.",

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import httpx2
 import openai
 import pytest
-from gateway_clients import MODEL, OpenStream, connect, poll, request, ssl_context
+from gateway_clients import MODEL, OpenStream, connect, poll, slot_count, ssl_context
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 FRANCE = "The capital of France is"
@@ -244,13 +244,6 @@ def test_completion_logprobs_out_of_range_is_refused_naming_logprobs(client) -> 
 
 
 # A client gone mid-stream --------------------------------------------------------------------
-
-def slot_count(gateway, client_files) -> dict:
-    status, reply = request(gateway.url("management"), client_files,
-                            f"/v2/models/{MODEL}/getSlotCount")
-    assert status == 200, reply
-    return reply
-
 
 @contextlib.contextmanager
 def open_chat_stream(gateway, client_files, body: dict) -> Iterator[OpenStream]:

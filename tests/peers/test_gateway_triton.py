@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 from gateway_clients import (MODEL, curl_with, fetch, long_generation, open_stream, poll,
-                             request, unique_id)
+                             request, slot_count, unique_id)
 
 # "The capital of France is" in SmolLM2's vocabulary.
 PROMPT_IDS = [504, 3575, 282, 4649, 314]
@@ -192,12 +192,6 @@ def test_stop_infer_of_an_unknown_id_is_not_found(gateway, client_files) -> None
 
 
 # 4 and 7. getSlotCount, and a client gone mid-stream ------------------------------------------
-
-def slot_count(gateway, client_files) -> dict:
-    status, reply = request(gateway.url("management"), client_files, model_path("getSlotCount"))
-    assert status == 200, reply
-    return reply
-
 
 def test_slots_are_back_within_a_second_after_a_client_drops_a_stream(gateway,
                                                                       client_files) -> None:

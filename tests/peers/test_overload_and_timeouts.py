@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 from conftest import start_gateway
-from gateway_clients import MODEL, curl_with, long_generation, open_stream, poll, unique_id
+from gateway_clients import (MODEL, curl_with, long_generation, open_stream, poll, slot_count,
+                             unique_id)
 from tritonclient.utils import InferenceServerException
 
 from server.process import GatewayProcess, ServerProcess
@@ -75,8 +76,7 @@ def test_a_request_past_its_timeout_gets_504_and_frees_its_slot(single_slot,
         "parameters": {"max_new_tokens": 500, "ignore_eos": True, "timeout": 1}})
     assert reply.status == 504, reply.body
     assert reply.json()["error_type"]
-    slot_count = f"{gateway.url('management')}/v2/models/{MODEL}/getSlotCount"
-    slots, _ = poll(lambda: curl_with(client_files, slot_count).json(),
+    slots, _ = poll(lambda: slot_count(gateway, client_files),
                     lambda slots: slots["free_slots"] == 1, FREED_WITHIN_S)
     assert slots["free_slots"] == 1, slots
     served = curl_with(client_files, f"{business}/infer",

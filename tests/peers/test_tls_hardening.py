@@ -19,7 +19,7 @@ import pytest
 from conftest import ClientFiles, start_gateway
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
-from gateway_clients import MODEL, curl_with, open_stream, poll, request
+from gateway_clients import MODEL, curl_with, open_stream, poll, slot_count
 from test_gateway_tls import PLANE_PATHS, PLANES, assert_handshake_refused
 from test_tritonclient_grpc import generate_text, make_client
 from tritonclient.utils import InferenceServerException
@@ -347,9 +347,8 @@ def stream_across(gateway: GatewayProcess, streaming: ClientFiles,
         events = stream.events()
         received = [next(events)]
         yield
-        status, slots = request(gateway.url("management"), checking,
-                                f"/v2/models/{MODEL}/getSlotCount")
-        assert status == 200 and slots["free_slots"] < slots["total_slots"], \
+        slots = slot_count(gateway, checking)
+        assert slots["free_slots"] < slots["total_slots"], \
             "the stream was no longer in flight after the rotation"
         received += events
     assert len(received) == STREAM_TOKENS
