@@ -56,7 +56,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     quantized = args.quantization != "none"
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
-    model = hf_folder(args.model or default_model_path(), default_cache_dir())
+    served = args.model or default_model_path()
+    # The baseline loads the Hugging Face folder; the server gets the model as given (a .gguf
+    # file too, which --quantization gguf reads its precisions from).
+    model = hf_folder(served, default_cache_dir())
     load_at_start = os.getloadavg()
     started = time.perf_counter()
 
@@ -65,7 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("starting the server (its first start on a machine converts the model, ~30 s)",
               flush=True)
         server = ServerProcess("--tls-dir", str(pki.folder), "--quantization", args.quantization,
-                               "--model", str(model), "--device", device.type,
+                               "--model", str(served), "--device", device.type,
                                "--dtype", str(dtype).removeprefix("torch."),
                                *(["--config", str(args.server_config)] if args.server_config else []))
         try:
@@ -120,7 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                      "prompt_tokens": [args.prompt_min, args.prompt_max], "seed": args.seed,
                      "static_batches": batch_sizes},
         "quantization": args.quantization,
-        "model": str(args.model or default_model_path()),
+        "model": str(served),
         "device": _device_name(device),
         "dtype": str(dtype).removeprefix("torch."),
         "server_config": args.server_config and json.loads(args.server_config.read_text()),
