@@ -26,6 +26,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from bench.metrics import percentile
+from engine.config import QUANTIZATIONS
 from server.process import GatewayProcess, ServerProcess
 from tls import DevPKIPaths, write_dev_pki
 
@@ -237,6 +238,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__)
     parser.add_argument("--duration", type=float, default=600.0, help="seconds of traffic")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--quantization", choices=QUANTIZATIONS, default="none",
+                        help="the server's --quantization")
     parser.add_argument("--out", type=Path,
                         default=Path(__file__).resolve().parent / "results" / "soak.json")
     args = parser.parse_args(argv)
@@ -244,7 +247,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         pki = write_dev_pki(Path(folder) / "pki")
         config = Path(folder) / "config.json"
         config.write_text(json.dumps(SERVER_CONFIG))
-        server = ServerProcess("--tls-dir", str(pki.folder), "--config", str(config))
+        server = ServerProcess("--tls-dir", str(pki.folder), "--config", str(config),
+                               "--quantization", args.quantization)
         try:
             server.wait_ready()
             gateway = GatewayProcess("--tls-dir", str(pki.folder), "--upstream", server.address,
