@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import resource
 import signal
 from collections import defaultdict
 
@@ -29,6 +30,8 @@ from gateway.upstream import Upstream
 
 logger = logging.getLogger(__name__)
 
+# Descriptors besides the planes' connections: listening sockets, the upstream channel, logs.
+SPARE_FILE_DESCRIPTORS = 64
 MODEL = r"/v2/models/(?P<model>[\w\-.]+)(?:/versions/(?P<version>[\w\-.]+))?"
 # Probes and model information, served on the business and the management planes alike.
 HEALTH_ROUTES: list[tuple[str, type[Handler], str]] = [
@@ -104,7 +107,10 @@ class Gateway:
         self.addresses: dict[Plane, str] = {}
 
     def start(self) -> None:
-        for planes in self._groups():
+        groups = self._groups()
+        _allow_open_files(len(groups) * CONNECTIONS_PER_LINK * self.config.max_connections
+                          + SPARE_FILE_DESCRIPTORS)
+        for planes in groups:
             plane_config = self.config.plane(planes[0])
             server = BoundedHTTPServer(
                 make_app(planes, self.services), ssl_options=plane_config.ssl_context(),
@@ -151,6 +157,20 @@ class Gateway:
             key = (plane.host, plane.port) if plane.port else (plane.host, -1 - index)
             groups[key].append(plane.plane)
         return list(groups.values())
+
+
+def _allow_open_files(needed: int) -> None:
+    """Every connection is a file descriptor: raise the soft limit to `needed` where the hard
+    limit allows (a common soft limit, 1024, is below one plane's 3 × maxLinkNum), else warn:
+    past it, connections fail to be accepted instead of getting their 503."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        allowed = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (allowed, hard))
+        if allowed < needed:
+            logger.warning("open files are limited to %d, fewer than the %d connections the "
+                           "planes may hold: lower --max-connections or raise the limit",
+                           allowed, needed)
 
 
 async def serve(config: GatewayConfig) -> None:

@@ -4,7 +4,10 @@ in-memory TLS handshakes (no sockets)."""
 from __future__ import annotations
 
 import ssl
+import subprocess
+import sys
 from dataclasses import replace
+from pathlib import Path
 
 import grpc
 import pytest
@@ -133,3 +136,24 @@ def test_upstream_credentials(client_tls: TLSFiles, pki: DevPKIPaths) -> None:
     mismatched = TLSFiles(pki.ca_cert, pki.client_cert, pki.server_key)
     with pytest.raises(TLSConfigError, match="does not match"):
         UpstreamConfig(tls=mismatched).credentials()
+
+
+@pytest.mark.parametrize("hard", [None, 512], ids=["hard-limit-allows", "hard-limit-short"])
+def test_the_gateway_raises_its_open_files_limit_for_the_connections_it_may_hold(
+        hard: int | None) -> None:
+    """In a process of its own: the limits are the process's."""
+    script = (
+        "import logging, resource\n"
+        "from gateway.app import _allow_open_files\n"
+        "logging.basicConfig()\n"
+        "hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]\n"
+        f"hard = {hard} or hard\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))\n"
+        "_allow_open_files(1000)\n"
+        "print(*resource.getrlimit(resource.RLIMIT_NOFILE))\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            timeout=60, cwd=Path(__file__).resolve().parents[2])
+    assert result.returncode == 0, result.stderr
+    soft, hard_now = map(int, result.stdout.split())
+    assert soft == min(1000, hard_now)
+    assert ("open files are limited to 512" in result.stderr) is (hard == 512)
