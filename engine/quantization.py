@@ -137,8 +137,8 @@ class QuantizedProjection:
                              if dense_bf16 else None)
         self.shape = weight.shape
         self._bits = weight.bits
-        # A 4-bit weight's codes serve only fp32 dequantisation: with a bf16 copy, the packed
-        # one and it replace them.
+        # The codes are kept where something reads them: the int8 kernel, fp32 dequantisation,
+        # a tied embedding. A 4-bit weight with a bf16 copy needs only its packed form and it.
         self._quantized: QuantizedWeight | None = weight
         if weight.bits == 4:
             unsigned = (weight.codes.to(torch.int32) + 8)
