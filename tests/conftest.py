@@ -9,7 +9,8 @@ uses the standard library only).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import contextlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,6 +63,24 @@ def start_gateway(tls_dir: Path, upstream: str, *args: str) -> GatewayProcess:
                              "--management-port", "0", "--metrics-port", "0", *args)
     gateway.wait_ready()
     return gateway
+
+
+@contextlib.contextmanager
+def own_service(tls_dir: Path, *args: str, server_args: Sequence[str] = ()
+                ) -> Iterator[tuple[ServerProcess, GatewayProcess]]:
+    """A server and a gateway in front of it, of the caller's own: `args` go to both,
+    `server_args` to the server alone. Both are stopped at the end; their `stop()` then
+    gives their exit status."""
+    server = ServerProcess("--tls-dir", str(tls_dir), *server_args, *args)
+    try:
+        server.wait_ready()
+        gateway = start_gateway(tls_dir, server.address, *args)
+        try:
+            yield server, gateway
+        finally:
+            gateway.stop()
+    finally:
+        server.stop()
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from conftest import start_gateway
+from conftest import own_service
 from gateway_clients import MODEL, curl_with, poll
 
 from server.process import ServerProcess
@@ -20,13 +20,9 @@ BACK_WITHIN_S = 10.0  # from the restarted server's ready line to the gateway se
 
 @pytest.fixture
 def server_and_gateway(pki) -> Iterator[tuple[ServerProcess, object]]:
-    server = ServerProcess("--tls-dir", str(pki.folder))
-    gateway = start_gateway(pki.folder, server.address)
-    try:
+    with own_service(pki.folder) as (server, gateway):
         yield server, gateway
-    finally:
         assert gateway.stop() == 0, gateway.log_text()
-        server.stop()
 
 
 def test_the_gateway_refuses_while_the_server_is_away_and_serves_once_it_is_back(

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from conftest import start_gateway
+from conftest import own_service
 from gateway_clients import (MODEL, curl_with, long_generation, open_stream, poll, slot_count,
                              unique_id)
 from tritonclient.utils import InferenceServerException
@@ -33,12 +33,10 @@ REFUSED = (
 def single_slot(pki, tmp_path_factory) -> Iterator[tuple[ServerProcess, GatewayProcess]]:
     config = tmp_path_factory.mktemp("single-slot") / "config.json"
     config.write_text(json.dumps({"maxBatchSize": 1, "maxQueueLen": 0}))
-    server = ServerProcess("--tls-dir", str(pki.folder), "--config", str(config))
-    server.wait_ready()
-    gateway = start_gateway(pki.folder, server.address)
-    yield server, gateway
-    assert gateway.stop() == 0, gateway.log_text()
-    assert server.stop() == 0, server.log_text()
+    with own_service(pki.folder, server_args=("--config", str(config))) as (server, gateway):
+        yield server, gateway
+        assert gateway.stop() == 0, gateway.log_text()
+        assert server.stop() == 0, server.log_text()
 
 
 def test_a_request_over_the_limit_is_refused_in_each_protocols_terms(single_slot, pki,

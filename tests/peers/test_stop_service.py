@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 
 import pytest
-from conftest import start_gateway
+from conftest import own_service
 from gateway_clients import (MODEL, REQUEST_TIMEOUT_S, connect, curl_with, fetch, long_generation,
                              open_stream, poll, request, unique_id)
 
@@ -37,16 +37,8 @@ REFUSED = (
 @pytest.fixture
 def service(pki) -> Iterator[tuple[ServerProcess, GatewayProcess]]:
     """A server and a gateway of this test's own (the test stops them)."""
-    server = ServerProcess("--tls-dir", str(pki.folder))
-    server.wait_ready()
-    try:
-        gateway = start_gateway(pki.folder, server.address)
-        try:
-            yield server, gateway
-        finally:
-            gateway.stop()
-    finally:
-        server.stop()
+    with own_service(pki.folder) as pair:
+        yield pair
 
 
 def in_thread(function: Callable[[], object]) -> Future:

@@ -16,7 +16,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
-from conftest import ClientFiles, start_gateway
+from conftest import ClientFiles, own_service
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from gateway_clients import MODEL, curl_with, open_stream, poll, slot_count
@@ -42,15 +42,9 @@ GENERATE = {"text_input": "The capital of France is",
 @contextlib.contextmanager
 def service(tls_dir: Path, *args: str) -> Iterator[tuple[ServerProcess, GatewayProcess]]:
     """A server and a gateway in front of it, both given `args`; both must stop cleanly."""
-    server = ServerProcess("--tls-dir", str(tls_dir), *args)
-    try:
-        server.wait_ready()
-        gateway = start_gateway(tls_dir, server.address, *args)
-        try:
-            yield server, gateway
-        finally:
-            assert gateway.stop() == 0, gateway.log_text()
-    finally:
+    with own_service(tls_dir, *args) as (server, gateway):
+        yield server, gateway
+        assert gateway.stop() == 0, gateway.log_text()
         assert server.stop() == 0, server.log_text()
 
 
