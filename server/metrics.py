@@ -5,7 +5,8 @@ is read when scraped. Cumulative totals in Triton's terms (`InferenceTotals`) fe
 ModelStatistics. Every metric is exported under our own name (`switchboard_*`) and, where
 vLLM or MindIE exports the same measure, under their names too (MindIE's are vLLM's V0 names
 without the `vllm:` prefix), so that dashboards and load-aware routers built for either read
-Switchboard unchanged. The moving averages of MindIE's /metrics-json are
+Switchboard unchanged. Triton's `nv_inference_*` counters come from the same totals as KServe's
+ModelStatistics. The moving averages of MindIE's /metrics-json are
 kept here as well.
 """
 
@@ -24,6 +25,7 @@ from engine.core import EngineStats
 from engine.errors import EngineError
 from engine.request import RequestOutput
 from server.errors import status_for
+from server.model_info import MODEL_VERSION
 
 OWN_PREFIX = "switchboard_"
 # Our base name → vLLM's names for the same measure.
@@ -161,6 +163,7 @@ class ServerMetrics:
 
         self._exported = prometheus_client.CollectorRegistry(auto_describe=False)
         self._exported.register(ExportedNames(self._measures))
+        self._exported.register(TritonCounters(model_name, self.totals, stats))
         prometheus_client.ProcessCollector(namespace="switchboard_server", registry=self._exported)
 
     def exposition(self) -> str:
@@ -289,6 +292,43 @@ class EngineLoadCollector(Collector):
                  stats.num_preemptions)):
             family.add_metric((self._model_name,), value)
             yield family
+
+
+class TritonCounters(Collector):
+    """Triton's per-model inference counters (its metrics.md), labelled model and version,
+    under its names, without the `_total` suffix as Triton writes them (hence untyped here:
+    prometheus_client gives a counter's samples that suffix)."""
+
+    def __init__(self, model_name: str, totals: InferenceTotals,
+                 stats: Callable[[], EngineStats | None]) -> None:
+        self._labels = {"model": model_name, "version": MODEL_VERSION}
+        self._totals = totals
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        totals, stats = self._totals, self._stats()
+        for name, documentation, value in (
+                ("nv_inference_request_success", "Successful inference requests",
+                 totals.success.count),
+                ("nv_inference_request_failure", "Failed inference requests (a client that "
+                 "left included)", totals.fail.count),
+                ("nv_inference_count", "Inferences performed", totals.success.count),
+                ("nv_inference_exec_count", "Model executions (engine steps)",
+                 stats.num_steps if stats is not None else 0),
+                ("nv_inference_request_duration_us", "Cumulative request duration, arrival to "
+                 "end", (totals.success.ns + totals.fail.ns) // 1000),
+                ("nv_inference_queue_duration_us", "Cumulative time successful requests waited "
+                 "to be scheduled", totals.queue.ns // 1000),
+                ("nv_inference_compute_infer_duration_us", "Cumulative time successful requests "
+                 "were computed", totals.compute_infer.ns // 1000)):
+            family = Metric(name, documentation, "unknown")
+            family.add_sample(name, self._labels, value)
+            yield family
+        family = Metric("nv_inference_pending_request_count", "Requests waiting to be "
+                        "scheduled", "gauge")
+        family.add_sample("nv_inference_pending_request_count", self._labels,
+                          stats.num_waiting if stats is not None else 0)
+        yield family
 
 
 class ExportedNames(Collector):

@@ -7,8 +7,12 @@ from engine.protocol import EngineClient
 from engine.validation import MAX_SEQUENCES, MAX_STOP_SEQUENCES, MAX_TOP_LOGPROBS
 from proto import grpc_service_pb2 as pb
 from proto import model_config_pb2 as mc
+from typing import TYPE_CHECKING
+
 from server.codec import InputKind
-from server.metrics import Duration, InferenceTotals
+
+if TYPE_CHECKING:
+    from server.metrics import Duration, InferenceTotals
 
 PLATFORM = "switchboard"
 MODEL_VERSION = "1"

@@ -119,6 +119,26 @@ def test_mindies_unprefixed_names_are_exported_too() -> None:
     assert value(metrics, "request_failed_total", reason="deadline_exceeded") == 1
 
 
+def test_tritons_counters_come_from_the_same_totals_under_its_names() -> None:
+    metrics = ServerMetrics(MODEL, lambda: STATS)
+    answered = metrics.start_request()
+    for event in THREE_TOKENS:
+        answered.event(event)
+    answered.finished()
+    metrics.start_request().close()  # the client left: a failure
+    totals = metrics.totals
+    triton = {sample.name: sample for family in text_string_to_metric_families(
+        metrics.exposition()) for sample in family.samples if sample.name.startswith("nv_")}
+    assert {name: sample.value for name, sample in triton.items()} == {
+        "nv_inference_request_success": 1, "nv_inference_request_failure": 1,
+        "nv_inference_count": 1, "nv_inference_exec_count": STATS.num_steps,
+        "nv_inference_request_duration_us": (totals.success.ns + totals.fail.ns) // 1000,
+        "nv_inference_queue_duration_us": 2000,  # the events' queue_wait, 2 ms
+        "nv_inference_compute_infer_duration_us": totals.compute_infer.ns // 1000,
+        "nv_inference_pending_request_count": STATS.num_waiting}
+    assert all(sample.labels == {"model": MODEL, "version": "1"} for sample in triton.values())
+
+
 def test_measures_vllm_lacks_have_no_vllm_alias() -> None:
     scraped = families(ServerMetrics(MODEL, lambda: STATS))
     for name in ("request_failure", "kv_cache_free_blocks", "kv_cache_total_blocks"):
