@@ -92,6 +92,15 @@ THREE_TOKENS = (output((11,), 1), output((12,), 2),
                 output((13,), 3, finish=FinishReason.LENGTH, cached=4))
 
 
+def answer_three_tokens(metrics: ServerMetrics) -> RequestRecorder:
+    """A request recorded as answered with THREE_TOKENS."""
+    recorder = metrics.start_request()
+    for event in THREE_TOKENS:
+        recorder.event(event)
+    recorder.finished()
+    return recorder
+
+
 def test_every_measure_is_exported_under_our_name_and_vllms() -> None:
     metrics = ServerMetrics(MODEL, lambda: STATS)
     metrics.start_request().close()  # so request_success has a series
@@ -121,10 +130,7 @@ def test_mindies_unprefixed_names_are_exported_too() -> None:
 
 def test_tritons_counters_come_from_the_same_totals_under_its_names() -> None:
     metrics = ServerMetrics(MODEL, lambda: STATS)
-    answered = metrics.start_request()
-    for event in THREE_TOKENS:
-        answered.event(event)
-    answered.finished()
+    answer_three_tokens(metrics)
     metrics.start_request().close()  # the client left: a failure
     totals = metrics.totals
     triton = {sample.name: sample for family in text_string_to_metric_families(
@@ -162,11 +168,7 @@ def test_engine_load_is_absent_before_the_model_is_loaded_then_read_when_scraped
 
 def test_a_finished_request_is_measured() -> None:
     metrics = ServerMetrics(MODEL, lambda: None)
-    recorder = metrics.start_request()
-    for event in THREE_TOKENS:
-        recorder.event(event)
-    recorder.finished()
-    recorder.close()  # ends every request; must not count it again
+    answer_three_tokens(metrics).close()  # ends every request; must not count it again
     for histogram in ("time_to_first_token_seconds", "e2e_request_latency_seconds",
                       "time_per_output_token_seconds", "request_queue_time_seconds"):
         assert value(metrics, f"switchboard_{histogram}_count") == 1, histogram
@@ -204,11 +206,7 @@ def test_a_failed_request_counts_as_failure_by_grpc_status_not_success() -> None
 
 def test_triton_totals_time_successes_and_count_the_rest_as_failures() -> None:
     metrics = ServerMetrics(MODEL, lambda: None)
-    answered = metrics.start_request()
-    for event in THREE_TOKENS:
-        answered.event(event)
-    answered.finished()
-    answered.close()
+    answer_three_tokens(metrics).close()
     failed = metrics.start_request()
     failed.event(THREE_TOKENS[0])
     failed.failed(RequestTimedOut("timed out"))
