@@ -273,7 +273,7 @@ def _run(args: argparse.Namespace) -> int:
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, on_signal)
     try:
-        server = ServerProcess(*shared, echo=True, on_exit=done.set)
+        server = ServerProcess(*shared, echo=True, free_port=False, on_exit=done.set)
         children.append(server)
         server.wait_ready()
         gateway = GatewayProcess(*shared, *gateway_flags, f"--upstream={server.address}",

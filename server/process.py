@@ -114,11 +114,12 @@ class ChildProcess:
 
 
 class ServerProcess(ChildProcess):
-    def __init__(self, *args: str, echo: bool = False,
+    def __init__(self, *args: str, echo: bool = False, free_port: bool = True,
                  on_exit: Callable[[], None] | None = None) -> None:
-        """args: `switchboard server` flags beyond `--grpc-port 0`."""
-        super().__init__(["server", "--grpc-port", "0", *args], SERVER_READY, echo=echo,
-                         on_exit=on_exit)
+        """args: `switchboard server` flags; free_port: on a port the system picks (tests,
+        the benchmark), else on the configured grpcPort (8001 by default), as `run` serves."""
+        super().__init__(["server", *(["--grpc-port", "0"] if free_port else []), *args],
+                         SERVER_READY, echo=echo, on_exit=on_exit)
 
     @property
     def address(self) -> str:

@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
+import json
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from gateway_clients import MODEL, curl_with, grpcurl
 
@@ -15,13 +18,19 @@ from server.process import GATEWAY_READY, SERVER_READY
 
 
 @contextmanager
-def switchboard_run(pki) -> Iterator[tuple[subprocess.Popen, dict[str, str], list[str]]]:
+def switchboard_run(pki, tmp_path: Path
+                    ) -> Iterator[tuple[subprocess.Popen, dict[str, str], list[str]]]:
     """`switchboard run` in a session of its own (as a terminal's foreground job), the
     addresses its ready lines give (the gateway's planes, and the server's `grpc`), and its
-    two children's pids."""
+    two children's pids. The config file names a free gRPC port (`configured_grpc_port`)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        grpc_port = probe.getsockname()[1]
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"grpcPort": grpc_port}))
     run = subprocess.Popen(
         [sys.executable, "-m", "server", "run", "--tls-dir", str(pki.folder), "--http-port", "0",
-         "--management-port", "0", "--metrics-port", "0"],
+         "--management-port", "0", "--metrics-port", "0", "--config", str(config)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         log, server_ready, gateway_ready = [], None, None
@@ -33,7 +42,8 @@ def switchboard_run(pki) -> Iterator[tuple[subprocess.Popen, dict[str, str], lis
                 break
         assert server_ready and gateway_ready, "".join(log)
         ready = {**gateway_ready.groupdict(),
-                 "grpc": f"{server_ready['host']}:{server_ready['port']}"}
+                 "grpc": f"{server_ready['host']}:{server_ready['port']}",
+                 "configured_grpc_port": str(grpc_port)}
         children = subprocess.run(["pgrep", "-P", str(run.pid)], capture_output=True, text=True)
         child_pids = children.stdout.split()
         assert len(child_pids) == 2, children.stdout
@@ -50,25 +60,29 @@ def assert_all_exited(run: subprocess.Popen, child_pids: list[str]) -> None:
     assert still_alive.stdout.strip() == "", "a child outlived `switchboard run`"
 
 
-def test_run_serves_through_the_gateway_and_ctrl_c_stops_both(pki, client_files) -> None:
-    with switchboard_run(pki) as (run, ready, child_pids):
+def test_run_serves_through_the_gateway_and_ctrl_c_stops_both(pki, client_files,
+                                                              tmp_path) -> None:
+    with switchboard_run(pki, tmp_path) as (run, ready, child_pids):
         reply = curl_with(client_files, f"{ready['business']}/v2/models/{MODEL}/generate",
                           body={"text_input": "The capital of France is",
                                 "parameters": {"max_new_tokens": 3, "do_sample": False}})
         assert reply.status == 200 and "Paris" in reply.json()["text_output"], reply.body
+        # The server listens where the configuration says, not on a port of its choosing.
+        assert ready["grpc"].rsplit(":", 1)[1] == ready["configured_grpc_port"]
         run.send_signal(signal.SIGINT)  # what Ctrl-C sends to the foreground process
         assert_all_exited(run, child_pids)
 
 
-def test_stop_service_ends_run_with_status_0(pki, client_files) -> None:
-    with switchboard_run(pki) as (run, ready, child_pids):
+def test_stop_service_ends_run_with_status_0(pki, client_files, tmp_path) -> None:
+    with switchboard_run(pki, tmp_path) as (run, ready, child_pids):
         reply = curl_with(client_files, f"{ready['management']}/stopService")
         assert reply.status == 200, reply.body
         assert_all_exited(run, child_pids)
 
 
-def test_stop_service_to_the_server_alone_ends_run_with_status_0(pki, client_files) -> None:
-    with switchboard_run(pki) as (run, ready, child_pids):
+def test_stop_service_to_the_server_alone_ends_run_with_status_0(pki, client_files,
+                                                                tmp_path) -> None:
+    with switchboard_run(pki, tmp_path) as (run, ready, child_pids):
         stopped = grpcurl(ready["grpc"], client_files, "switchboard.v1.Management/StopService")
         assert stopped.returncode == 0, stopped.stderr
         assert_all_exited(run, child_pids)
