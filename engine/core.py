@@ -49,9 +49,9 @@ class EngineStats:
 
 class ModelRunner(Protocol):
     def execute(self, chunks: Sequence[SequenceChunk]) -> torch.Tensor:
-        """Logits [rows, vocab], float32 on the model's device, rows in chunk order: one at each token of a
-        chunk with all_logits (its last is also the sampling row when the chunk samples), one
-        at the last token of any other chunk that samples, none for the rest."""
+        """Logits [rows, vocab], float32 on the model's device, rows in chunk order: one at
+        each token of a chunk with all_logits (its last is also the sampling row when the chunk
+        samples), one at the last token of any other chunk that samples, none for the rest."""
 
 
 class EngineCore:

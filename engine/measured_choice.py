@@ -6,8 +6,8 @@ Measured over SmolLM2's weights on 2 cores: the form (W @ xᵀ)ᵀ beat nn.Linea
 AVX-512; PyTorch's int4 kernel fell behind dequantised float32 matmul from about 12 rows on
 the first, and behind a bf16 copy (AMX) from about 8 rows on the second.
 
-Products are timed over every layer's weights, as a step reads them: timed on one weight
-kept hot in cache, that bf16 copy seemed to win from 4 rows, where from memory it lost by 2x.
+Products are timed over many layers' weights, as a step reads them: timed on one weight kept
+hot in cache, that bf16 copy seemed to win from 4 rows, where from memory it lost by 2x.
 """
 
 from __future__ import annotations
@@ -89,10 +89,18 @@ def bf16_is_faster(weight: torch.Tensor) -> bool:
     [out, in] faster than in fp32: 4-5x faster with AMX, 5x slower without bf16 units."""
     if not torch.backends.mkldnn.is_available():
         return False
-    packed = torch.ops.mkldnn._reorder_linear_weight(weight.to(torch.bfloat16), BF16_BATCH_HINT)
-    choice = MeasuredChoice().measure(
-        partial(F.linear, weight=weight),
-        lambda x: torch.ops.mkldnn._linear_pointwise(x.to(torch.bfloat16), packed, None, "none",
-                                                     [], ""),
-        weight.shape[1])
+    packed = prepack_bf16(weight)
+    choice = MeasuredChoice().measure(partial(F.linear, weight=weight),
+                                      partial(bf16_product, packed=packed), weight.shape[1])
     return choice.second_is_faster(64)
+
+
+def prepack_bf16(weight: torch.Tensor) -> torch.Tensor:
+    """weight [out, in] as a bf16 copy laid out for oneDNN's matmul (opaque: only
+    `bf16_product` reads it)."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.to(torch.bfloat16), BF16_BATCH_HINT)
+
+
+def bf16_product(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+    """x @ weightᵀ in bf16, with `packed` from `prepack_bf16`."""
+    return torch.ops.mkldnn._linear_pointwise(x.to(torch.bfloat16), packed, None, "none", [], "")

@@ -34,7 +34,8 @@ import torch
 import torch.nn.functional as F
 
 from engine.config import QUANTIZATIONS
-from engine.measured_choice import BF16_BATCH_HINT, MeasuredChoice, transposed_product
+from engine.measured_choice import (MeasuredChoice, bf16_product, prepack_bf16,
+                                    transposed_product)
 
 INT4_GROUP_SIZE = 32
 # Output channels dequantised at a time: small enough for the buffer to stay in cache.
@@ -132,9 +133,7 @@ class QuantizedProjection:
         self._scratch = scratch
         self._dense = dense or MeasuredChoice.first_always()
         self._transposed = transposed or MeasuredChoice.first_always()
-        self._bf16_weight = (torch.ops.mkldnn._reorder_linear_weight(_bf16_copy(weight),
-                                                                     BF16_BATCH_HINT)
-                             if dense_bf16 else None)
+        self._bf16_weight = prepack_bf16(_bf16_copy(weight)) if dense_bf16 else None
         self.shape = weight.shape
         self._bits = weight.bits
         # The codes are kept where something reads them: the int8 kernel, fp32 dequantisation,
@@ -167,9 +166,8 @@ class QuantizedProjection:
     def dense_mm(self, x: torch.Tensor) -> torch.Tensor:
         if self._bf16_weight is not None:
             rows = x.shape[0]
-            x = F.pad(x.to(torch.bfloat16), (0, 0, 0, -rows % BF16_ROWS_MULTIPLE))
-            return torch.ops.mkldnn._linear_pointwise(x, self._bf16_weight, None, "none", [],
-                                                      "")[:rows]
+            padded = F.pad(x.to(torch.bfloat16), (0, 0, 0, -rows % BF16_ROWS_MULTIPLE))
+            return bf16_product(padded, self._bf16_weight)[:rows]
         out_features, in_features = self.shape
         channels = min(out_features, DEQUANTIZE_CHANNELS)
         buffer = self._scratch.at_least(channels * in_features)

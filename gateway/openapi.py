@@ -32,6 +32,7 @@ from gateway import generation_handlers as generation
 from gateway import management_handlers as management
 from gateway.errors import KSERVE_HTTP_STATUS
 from gateway.handler import Handler
+from gateway.lifecycle import FORCED_STOP_S
 from gateway.protocols import mindie, openai, tgi
 from gateway.protocols.mindie_management import MAX_HEALTH_TIMEOUT_S
 from gateway.protocols.parameters import MAX_DEADLINE_S as MAX_TIMEOUT_S
@@ -513,7 +514,7 @@ OPERATIONS: dict[str, dict[str, Operation]] = {
         json_reply("HealthTimed"))},
     "stop_service": {"get": Operation(
         "Graceful stop: answers (empty) once the requests in flight are answered, then exits; "
-        "with `?mode=Force`, answers at once and cuts them off after 5 s",
+        f"with `?mode=Force`, answers at once and cuts them off after {FORCED_STOP_S:g} s",
         NO_BODY)},
     "mindie_config": {"get": Operation("MindIE's static configuration",
                                        json_reply("MindIEConfig"))},

@@ -294,6 +294,11 @@ class EngineLoadCollector(Collector):
             yield family
 
 
+def execution_count(stats: EngineStats | None) -> int:
+    """Triton's execution count: the engine steps so far (0 before the model is loaded)."""
+    return 0 if stats is None else stats.num_steps
+
+
 class TritonCounters(Collector):
     """Triton's per-model inference counters (its metrics.md), labelled model and version,
     under its names, without the `_total` suffix as Triton writes them (hence untyped here:
@@ -314,7 +319,7 @@ class TritonCounters(Collector):
                  "left included)", totals.fail.count),
                 ("nv_inference_count", "Inferences performed", totals.success.count),
                 ("nv_inference_exec_count", "Model executions (engine steps)",
-                 stats.num_steps if stats is not None else 0),
+                 execution_count(stats)),
                 ("nv_inference_request_duration_us", "Cumulative request duration, arrival to "
                  "end", (totals.success.ns + totals.fail.ns) // 1000),
                 ("nv_inference_queue_duration_us", "Cumulative time successful requests waited "

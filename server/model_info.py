@@ -74,13 +74,18 @@ def model_config(model_name: str, engine: EngineClient | None) -> pb.ModelConfig
 def model_statistics(model_name: str, totals: InferenceTotals,
                      num_steps: int) -> pb.ModelStatisticsResponse:
     """Triton's statistics of the served model: an inference is a request that succeeded, an
-    execution an engine step (a step computes many requests' tokens at once)."""
-    def duration(value: Duration) -> pb.StatisticDuration:
-        return pb.StatisticDuration(count=value.count, ns=value.ns)
+    execution an engine step (a step computes many requests' tokens at once). Every duration
+    is set, those not measured here to zero, as Triton writes them all."""
+    measured = {"success": totals.success, "fail": totals.fail, "queue": totals.queue,
+                "compute_infer": totals.compute_infer}
+
+    def duration(value: Duration | None) -> pb.StatisticDuration:
+        return pb.StatisticDuration() if value is None else pb.StatisticDuration(
+            count=value.count, ns=value.ns)
 
     return pb.ModelStatisticsResponse(model_stats=[pb.ModelStatistics(
         name=model_name, version=MODEL_VERSION, last_inference=totals.last_inference_ms,
         inference_count=totals.success.count, execution_count=num_steps,
-        inference_stats=pb.InferStatistics(
-            success=duration(totals.success), fail=duration(totals.fail),
-            queue=duration(totals.queue), compute_infer=duration(totals.compute_infer)))])
+        inference_stats=pb.InferStatistics(**{
+            field.name: duration(measured.get(field.name))
+            for field in pb.InferStatistics.DESCRIPTOR.fields}))])

@@ -23,6 +23,7 @@ from proto import grpc_service_pb2 as pb
 from proto import grpc_service_pb2_grpc as pb_grpc
 from server import codec, model_info
 from server.errors import status_for
+from server.metrics import execution_count
 from server.served_model import ServedModel
 
 logger = logging.getLogger(__name__)
@@ -98,9 +99,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         """An empty name asks for every model: the one served."""
         if request.name:
             self.served.check_model(request.name, request.version)
-        stats = self.served.engine_stats()
         return model_info.model_statistics(self.served.model_name, self.served.metrics.totals,
-                                           stats.num_steps if stats is not None else 0)
+                                           execution_count(self.served.engine_stats()))
 
     @engine_errors
     async def ModelInfer(self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext

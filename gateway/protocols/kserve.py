@@ -177,20 +177,11 @@ def model_metadata_json(response: pb.ModelMetadataResponse) -> dict[str, object]
 
 
 def model_statistics_json(response: pb.ModelStatisticsResponse) -> dict[str, object]:
-    """Triton's REST statistics: every duration of `inference_stats` written out, zeros
-    included, as Triton does."""
-    def duration(value: pb.StatisticDuration) -> dict[str, int]:
-        return {"count": value.count, "ns": value.ns}
-
-    return {"model_stats": [{
-        "name": stats.name, "version": stats.version, "last_inference": stats.last_inference,
-        "inference_count": stats.inference_count, "execution_count": stats.execution_count,
-        "inference_stats": {field.name: duration(getattr(stats.inference_stats, field.name))
-                            for field in pb.InferStatistics.DESCRIPTOR.fields},
-        "response_stats": {},
-        "batch_stats": [],
-        "memory_usage": [],
-    } for stats in response.model_stats]}
+    """Triton's REST statistics: the message as JSON, every field written, zeros and empty
+    lists included, as Triton does; 64-bit counts as numbers."""
+    document = json_format.MessageToDict(response, preserving_proto_field_name=True,
+                                         always_print_fields_with_no_presence=True)
+    return _int64_as_numbers(response.DESCRIPTOR, document)
 
 
 def model_config_json(config: mc.ModelConfig) -> dict[str, object]:
