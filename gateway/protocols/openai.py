@@ -7,6 +7,11 @@ means greedy; absent, the request samples at temperature 1 (OpenAI's default). W
 `max_tokens`, generation runs to the end of the turn within the server's limits (maxIterTimes,
 maxSeqLen). vLLM's sampling extras (top_k, repetition_penalty, min_tokens, ignore_eos,
 stop_token_ids) are accepted too.
+
+A `model` naming another model than the served one is refused with 404, as vLLM does, except
+the names TGI's clients send for "the model this server runs" (TGI ignores the field): "tgi",
+as in TGI's documented OpenAI SDK examples, and "dummy", which huggingface_hub's
+InferenceClient sends to a server given by its URL.
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ COMPLETION_NAMES = {**NAMES, "logprobs": "top_logprobs"}
 SAMPLING_FIELDS = frozenset({"temperature", "top_p", "n", "stop", "seed", "presence_penalty",
                              "frequency_penalty", "top_k", "repetition_penalty", "min_tokens",
                              "ignore_eos", "stop_token_ids"})
+# `model` values meaning the served model (see the module's docstring).
+SERVED_MODEL_PLACEHOLDERS = frozenset({"tgi", "dummy"})
 # Accepted and without effect here (OpenAI's bookkeeping fields).
 IGNORED_FIELDS = frozenset({"user", "store", "metadata", "service_tier", "parallel_tool_calls"})
 CHAT_FIELDS = SAMPLING_FIELDS | IGNORED_FIELDS | {
@@ -151,7 +158,9 @@ def _checked(document: object, fields: frozenset[str]) -> dict[str, object]:
 
 
 def _model(document: Mapping[str, object]) -> str:
-    return optional_string(document, "model")
+    """The model asked for; "" for the served one."""
+    model = optional_string(document, "model")
+    return "" if model in SERVED_MODEL_PLACEHOLDERS else model
 
 
 def _sampling(document: Mapping[str, object]) -> dict[str, object]:

@@ -89,6 +89,21 @@ def test_streamed_chat_yields_the_same_text_and_a_usage_chunk(client, greedy_cha
         (greedy_chat.usage.prompt_tokens, greedy_chat.usage.completion_tokens)
 
 
+
+def test_tgis_documented_model_name_means_the_served_model(client, greedy_chat) -> None:
+    """TGI's documentation points the OpenAI SDK at TGI with model="tgi"."""
+    reply = client.chat.completions.create(model="tgi", messages=QUESTION, temperature=0,
+                                           max_tokens=16)
+    assert reply.choices[0].message.content == greedy_chat.choices[0].message.content
+    assert reply.model == MODEL
+
+
+def test_an_unknown_model_name_is_refused_naming_it(client) -> None:
+    with pytest.raises(openai.NotFoundError, match="no-such-model"):
+        client.chat.completions.create(model="no-such-model", messages=QUESTION, max_tokens=1)
+    assert_still_serving(client)
+
+
 def test_models_list_and_retrieve(client) -> None:
     models = client.models.list()
     assert MODEL in [model.id for model in models.data]

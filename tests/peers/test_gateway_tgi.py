@@ -110,6 +110,16 @@ def test_a_stop_sequence_stays_in_the_generated_text(tgi) -> None:
     assert "".join(token.text for token in reply.details.tokens) == reply.generated_text
 
 
+
+def test_chat_completion_through_tgis_client(tgi) -> None:
+    """InferenceClient sends the model name "dummy" to a server given by URL: TGI ignores the
+    name, and so must a drop-in replacement."""
+    reply = tgi.chat_completion([{"role": "user", "content": "What is the capital of France?"}],
+                                max_tokens=16, temperature=0)
+    assert "Paris" in reply.choices[0].message.content
+    assert reply.model == MODEL
+
+
 # 2. curl with MindIE's TGI examples ----------------------------------------------------------
 
 def assert_token(token: dict) -> None:

@@ -512,6 +512,16 @@ def test_chat_request_translates_messages_and_parameters() -> None:
     assert options.response_id.startswith("chatcmpl-")
 
 
+
+@pytest.mark.parametrize("translate", [chat, completion], ids=["chat", "completion"])
+def test_tgis_placeholder_model_names_mean_the_served_model(translate) -> None:
+    for placeholder in ("tgi", "dummy"):
+        [call], options = translate(model=placeholder)
+        assert (call.request.model_name, options.model) == ("", "")
+    [call], options = translate(model="gpt-4")
+    assert (call.request.model_name, options.model) == ("gpt-4", "gpt-4")
+
+
 def test_chat_temperature_zero_is_greedy() -> None:
     values = chat_params(temperature=0)
     assert values["do_sample"] is False
