@@ -151,11 +151,19 @@ class AsyncEngine:
     def encode(self, text: str) -> list[int]:
         return self._tokenizer(text, add_special_tokens=True).input_ids
 
+    def encode_with_spans(self, text: str, add_special_tokens: bool = True
+                          ) -> tuple[list[int], list[tuple[int, int]]]:
+        """Token ids of `text`, and the characters [start, stop) each comes from ((0, 0) for a
+        special token the tokenizer added)."""
+        encoding = self._tokenizer(text, add_special_tokens=add_special_tokens,
+                                   return_offsets_mapping=True)
+        return encoding.input_ids, [tuple(span) for span in encoding.offset_mapping]
+
     def encode_chat(self, messages: Sequence[ChatMessage]) -> list[int]:
         return render_chat(self._tokenizer, messages)
 
-    def decode(self, token_ids: list[int]) -> str:
-        return self._tokenizer.decode(token_ids, skip_special_tokens=True)
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self._tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
 
     def token_texts(self, token_ids: Sequence[int]) -> list[str]:
         """Each token decoded alone, special tokens included (TGI's and OpenAI's token text)."""

@@ -152,10 +152,7 @@ def _stop_token_ids(parameters: Mapping[str, object], limits: EngineLimits) -> f
     if not isinstance(value, list | tuple) or not all(
             isinstance(t, int) and not isinstance(t, bool) for t in value):
         raise InvalidRequest("stop_token_ids", "must be a list of token ids")
-    outside = [t for t in value if not 0 <= t < limits.vocab_size]
-    if outside:
-        raise InvalidRequest("stop_token_ids", f"token id {outside[0]} is outside the vocabulary "
-                             f"[0, {limits.vocab_size})")
+    check_vocabulary("stop_token_ids", value, limits)
     return frozenset(value)
 
 
@@ -165,11 +162,16 @@ def _validate_prompt(token_ids: Sequence[int], limits: EngineLimits) -> tuple[in
     if len(token_ids) > limits.max_input_len:
         raise PromptTooLong("prompt", f"has {len(token_ids)} tokens; at most "
                             f"{limits.max_input_len} are accepted (maxInputTokenLen, maxSeqLen)")
+    check_vocabulary("prompt", token_ids, limits)
+    return tuple(int(token_id) for token_id in token_ids)
+
+
+def check_vocabulary(field: str, token_ids: Sequence[int], limits: EngineLimits) -> None:
+    """InvalidRequest naming `field` for the first id outside the model's vocabulary."""
     for position, token_id in enumerate(token_ids):
         if not 0 <= token_id < limits.vocab_size:
-            raise InvalidRequest("prompt", f"token id {token_id} at position {position} is outside "
+            raise InvalidRequest(field, f"token id {token_id} at position {position} is outside "
                                  f"the vocabulary [0, {limits.vocab_size})")
-    return tuple(int(token_id) for token_id in token_ids)
 
 
 def _float(parameters: Mapping[str, object], name: str, interval: Interval) -> float | None:

@@ -14,7 +14,7 @@ from engine.chat import ChatMessage
 from engine.errors import EngineError, InvalidRequest
 from engine.protocol import EngineClient
 from engine.request import RequestOutput, TokenLogprob
-from engine.validation import build_request
+from engine.validation import build_request, check_vocabulary
 from proto import switchboard_pb2 as sb
 from proto import switchboard_pb2_grpc as sb_grpc
 from server import codec
@@ -29,12 +29,17 @@ class GenerationServicer(sb_grpc.GenerationServicer):
     def __init__(self, served: ServedModel) -> None:
         self.served = served
 
+    def _engine(self, model_name: str) -> EngineClient:
+        """The served model's engine, if ready and named (empty: the served model)."""
+        engine = self.served.ready_engine()
+        if model_name:
+            self.served.check_model(model_name)
+        return engine
+
     async def Generate(self, request: sb.GenerateRequest, context: grpc.aio.ServicerContext
                        ) -> AsyncIterator[sb.GenerateResponse]:
         try:
-            engine = self.served.ready_engine()
-            if request.model_name:
-                self.served.check_model(request.model_name)
+            engine = self._engine(request.model_name)
             codec.check_client_id(request.id)
             spec = build_request(uuid.uuid4().hex, _prompt_token_ids(engine, request),
                                  codec.parameter_values(request.parameters), engine.limits)
@@ -50,11 +55,30 @@ class GenerationServicer(sb_grpc.GenerationServicer):
     @engine_errors
     async def Tokenize(self, request: sb.TokenizeRequest, context: grpc.aio.ServicerContext
                        ) -> sb.TokenizeResponse:
-        engine = self.served.ready_engine()
-        if request.model_name:
-            self.served.check_model(request.model_name)
-        ids = engine.encode(request.text)
-        return sb.TokenizeResponse(ids=ids, texts=engine.token_texts(ids))
+        engine = self._engine(request.model_name)
+        response = sb.TokenizeResponse(max_sequence_length=engine.limits.max_seq_len)
+        if request.WhichOneof("prompt") == "messages":
+            ids = engine.encode_chat(_chat_messages(request.messages))
+        else:
+            add_special_tokens = (request.add_special_tokens
+                                  if request.HasField("add_special_tokens") else True)
+            ids, spans = engine.encode_with_spans(request.text, add_special_tokens)
+            response.spans.extend(sb.TextSpan(start=start, stop=stop) for start, stop in spans)
+        response.ids.extend(ids)
+        response.texts.extend(engine.token_texts(ids))
+        return response
+
+    @engine_errors
+    async def Detokenize(self, request: sb.DetokenizeRequest, context: grpc.aio.ServicerContext
+                         ) -> sb.DetokenizeResponse:
+        engine = self._engine(request.model_name)
+        check_vocabulary("token_ids", request.token_ids, engine.limits)
+        return sb.DetokenizeResponse(text=engine.decode(request.token_ids,
+                                                        skip_special_tokens=False))
+
+
+def _chat_messages(messages: sb.ChatMessages) -> list[ChatMessage]:
+    return [ChatMessage(role=m.role, content=m.content) for m in messages.messages]
 
 
 def _prompt_token_ids(engine: EngineClient, request: sb.GenerateRequest) -> list[int]:
@@ -64,8 +88,7 @@ def _prompt_token_ids(engine: EngineClient, request: sb.GenerateRequest) -> list
     if kind == "token_ids":
         return list(request.token_ids.ids)
     if kind == "messages":
-        return engine.encode_chat([ChatMessage(role=m.role, content=m.content)
-                                   for m in request.messages.messages])
+        return engine.encode_chat(_chat_messages(request.messages))
     raise InvalidRequest("prompt", "is missing: send text, token_ids or messages")
 
 

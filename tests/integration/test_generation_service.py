@@ -518,6 +518,8 @@ def test_reflection_lists_generation_and_management(channel) -> None:
     assert methods == {
         "Generate": (".switchboard.v1.GenerateRequest", ".switchboard.v1.GenerateResponse", True),
         "Tokenize": (".switchboard.v1.TokenizeRequest", ".switchboard.v1.TokenizeResponse", False),
+        "Detokenize": (".switchboard.v1.DetokenizeRequest", ".switchboard.v1.DetokenizeResponse",
+                       False),
     }
 
 
@@ -530,3 +532,47 @@ def test_tokenize_matches_the_ids_a_text_prompt_is_generated_from(generation) ->
     with pytest.raises(grpc.RpcError) as caught:
         generation.Tokenize(sb.TokenizeRequest(model_name="nope", text="x"), timeout=10)
     assert caught.value.code() is grpc.StatusCode.NOT_FOUND
+
+
+def test_tokenize_tells_where_each_token_comes_from_in_the_text(generation) -> None:
+    tokenized = generation.Tokenize(sb.TokenizeRequest(text=QUESTION), timeout=10)
+    assert len(tokenized.spans) == len(tokenized.ids) > 1
+    assert "".join(QUESTION[span.start:span.stop] for span in tokenized.spans) == QUESTION
+    assert tokenized.max_sequence_length > 0
+
+
+def test_tokens_of_one_character_share_its_span(generation) -> None:
+    """Byte-level BPE splits 世 into several tokens: each spans the whole character, in code
+    points, as TGI's /tokenize gives them."""
+    text = "Hi 世界"
+    tokenized = generation.Tokenize(sb.TokenizeRequest(text=text), timeout=10)
+    spans = [(span.start, span.stop) for span in tokenized.spans]
+    assert [text[start:stop] for start, stop in spans] == \
+        ["Hi", " ", "世", "世", "界", "界", "界"]
+
+
+def test_tokenize_chat_messages_gives_the_ids_a_chat_prompt_is_generated_from(generation
+                                                                              ) -> None:
+    messages = chat(("user", QUESTION))
+    tokenized = generation.Tokenize(sb.TokenizeRequest(messages=messages), timeout=10)
+    responses = generate(generation, request(messages=messages, max_new_tokens=1,
+                                             prompt_logprobs=True))
+    assert list(tokenized.ids) == [token.id for token in responses[0].prompt]
+    assert not tokenized.spans
+
+
+def test_detokenize_inverts_tokenize_special_tokens_included(generation) -> None:
+    messages = chat(("user", QUESTION))
+    ids = generation.Tokenize(sb.TokenizeRequest(messages=messages), timeout=10).ids
+    text = generation.Detokenize(sb.DetokenizeRequest(token_ids=ids), timeout=10).text
+    assert text.startswith("<|im_start|>") and QUESTION in text
+    plain = generation.Tokenize(sb.TokenizeRequest(text=text, add_special_tokens=False),
+                                timeout=10)
+    assert list(plain.ids) == list(ids)
+
+
+def test_detokenize_refuses_an_id_outside_the_vocabulary_naming_the_field(generation) -> None:
+    with pytest.raises(grpc.RpcError) as caught:
+        generation.Detokenize(sb.DetokenizeRequest(token_ids=[1, 10**6]), timeout=10)
+    assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert caught.value.details().startswith("token_ids")

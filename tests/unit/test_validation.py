@@ -313,8 +313,8 @@ def test_stop_token_ids_accept_a_list_of_vocabulary_ids(stop_token_ids: object,
     ([1.0], "must be a list of token ids"),
     ([True], "must be a list of token ids"),
     ([1, None], "must be a list of token ids"),
-    ([100], "token id 100 is outside the vocabulary [0, 100)"),
-    ([3, -1], "token id -1 is outside the vocabulary [0, 100)"),
+    ([100], "token id 100 at position 0 is outside the vocabulary [0, 100)"),
+    ([3, -1], "token id -1 at position 1 is outside the vocabulary [0, 100)"),
 ])
 def test_invalid_stop_token_ids_are_rejected(stop_token_ids: object, reason: str) -> None:
     error = rejection({"stop_token_ids": stop_token_ids})
