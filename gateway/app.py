@@ -64,6 +64,8 @@ ROUTES: dict[Plane, list[tuple[str, type[tornado.web.RequestHandler], str]]] = {
         (r"/infer", generation.MindIEHandler, "mindie_infer"),
         (r"/infer_token", generation.MindIETokenHandler, "mindie_infer_token"),
         (r"/v1/tokenizer", generation.TokenizerHandler, "mindie_tokenizer"),
+        (r"/tokenize", generation.TokenizeHandler, "tgi_vllm_tokenize"),
+        (r"/detokenize", generation.DetokenizeHandler, "vllm_detokenize"),
         (r"/openapi\.json", openapi.OpenAPIHandler, "openapi"),
     ],
     Plane.MANAGEMENT: [

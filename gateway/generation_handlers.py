@@ -143,6 +143,23 @@ class InfoHandler(TgiHandler):
         self.write_json(tgi.info_json(name, parameters, metadata.version))
 
 
+class TokenizeHandler(TgiHandler):
+    """POST /tokenize: TGI's (`inputs`) or vLLM's (`prompt` or `messages`) by the body."""
+
+    async def post(self) -> None:
+        document = parse_json(self.body)
+        if tgi.is_tgi(document):
+            request = tgi.tokenize_request_to_pb(document)
+            response = await self.track(self.upstream.generation.Tokenize(
+                request, timeout=METADATA_TIMEOUT_S))
+            self.write_json(tgi.tokenize_reply(response, request.text))
+            return
+        self.status_table = vllm.HTTP_STATUS
+        response = await self.track(self.upstream.generation.Tokenize(
+            vllm.tokenize_request_to_pb(document), timeout=METADATA_TIMEOUT_S))
+        self.write_json(vllm.tokenize_reply(response))
+
+
 class HealthHandler(TgiHandler):
     async def get(self) -> None:
         await self.health()
@@ -168,6 +185,17 @@ class ModelsHandler(OpenAIHandler):
             self.write_json(openai.model_json(model, created))
         else:
             raise RequestError(404, f"the model {model!r} does not exist", "model")
+
+
+class DetokenizeHandler(OpenAIHandler):
+    """vLLM's POST /detokenize (its errors are its OpenAI server's)."""
+
+    names = vllm.DETOKENIZE_NAMES
+
+    async def post(self) -> None:
+        response = await self.track(self.upstream.generation.Detokenize(
+            vllm.detokenize_request_to_pb(parse_json(self.body)), timeout=METADATA_TIMEOUT_S))
+        self.write_json({"prompt": response.text})
 
 
 class CompletionsHandler(OpenAIHandler):

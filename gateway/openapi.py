@@ -240,6 +240,14 @@ REQUESTS: dict[str, JSON] = {
                                     "parameters": nullable(ref("MindIEParameters"))},
                                    ["input_id"]),
     "TokenizerRequest": obj({"inputs": STRING, "do_decode": nullable(BOOLEAN)}, ["inputs"]),
+    "VllmTokenizeRequest": {"oneOf": [
+        obj({"model": STRING, "prompt": STRING, "add_special_tokens": BOOLEAN}, ["prompt"],
+            closed=True),
+        obj({"model": STRING, "messages": array(MESSAGE, minItems=1),
+             "add_special_tokens": only(False, BOOLEAN),
+             "add_generation_prompt": only(True, BOOLEAN)}, ["messages"], closed=True)]},
+    "VllmDetokenizeRequest": obj({"model": STRING, "tokens": array(TOKEN_ID)}, ["tokens"],
+                                 closed=True),
 }
 
 
@@ -309,6 +317,12 @@ REPLIES: dict[str, JSON] = {
                         "max_input_tokens", "max_total_tokens", "max_client_batch_size")}},
                    ["model_id", "version"]),
     "VllmResponse": obj({"text": array(STRING)}, ["text"]),
+    "TgiTokens": array(obj({"id": integer(0), "text": STRING, **counts("start", "stop")},
+                           ["id", "text", "start", "stop"])),
+    "VllmTokens": obj({**counts("count", "max_model_len"), "tokens": array(integer(0)),
+                       "token_strs": nullable(array(STRING))},
+                      ["count", "max_model_len", "tokens"]),
+    "VllmText": obj({"prompt": STRING}, ["prompt"]),
     "Model": obj({"id": STRING, "object": only("model", STRING), "created": integer(0),
                   "owned_by": STRING}, ["id", "object", "created", "owned_by"]),
     "ModelList": obj({"object": only("list", STRING), "data": array(ref("Model"))},
@@ -491,6 +505,14 @@ OPERATIONS: dict[str, dict[str, Operation]] = {
     "tgi_generate_stream": {"post": Operation(f"TGI's stream: {GENERATION_STREAM}", SSE,
                                               ref("TgiRequest"))},
     "tgi_info": {"get": Operation("TGI's model information", json_reply("TgiInfo"))},
+    "tgi_vllm_tokenize": {"post": Operation(
+        "The server's tokenizer: TGI's (a body with `inputs`: each token with its characters) "
+        "or vLLM's (a body with `prompt` or `messages`)",
+        {"application/json": {"schema": {"oneOf": [ref("TgiTokens"), ref("VllmTokens")]}}},
+        {"oneOf": [ref("TgiRequest"), ref("VllmTokenizeRequest")]})},
+    "vllm_detokenize": {"post": Operation("vLLM's detokenizer: token ids to text, special "
+                                          "tokens included", json_reply("VllmText"),
+                                          ref("VllmDetokenizeRequest"))},
     "health": {"get": HEALTH},
     "openai_models": {"get": Operation("OpenAI's model list", json_reply("ModelList"))},
     "openai_model": {"get": Operation("One OpenAI model", json_reply("Model"))},

@@ -115,7 +115,7 @@ def chat_request_to_pb(document: object) -> tuple[list[Call], OpenAIOptions]:
     logprobs = optional_bool(document, "logprobs")
     values.update(logprobs=logprobs, top_logprobs=document.get("top_logprobs"))
     names = CHAT_NAMES_NEW_MAX if newer is not None else CHAT_NAMES
-    request, deadline_s = generate_request(_model(document), _messages(messages), values,
+    request, deadline_s = generate_request(_model(document), chat_messages(messages), values,
                                            names=names)
     return [Call(request, None)], _options(document, "chat.completion", logprobs, False,
                                            deadline_s, names)
@@ -197,7 +197,8 @@ def _options(document: Mapping[str, object], kind: str, logprobs: bool, echo: bo
                          deadline_s=deadline_s, names=names)
 
 
-def _messages(messages: list[object]) -> sb.ChatMessages:
+def chat_messages(messages: list[object]) -> sb.ChatMessages:
+    """OpenAI's messages (string or text-part contents), roles checked by the server."""
     result = sb.ChatMessages()
     for index, message in enumerate(messages):
         where = f"messages[{index}]"

@@ -7,6 +7,10 @@ Request `{"inputs", "parameters": {...}, "stream"}`; reply `{"generated_text", "
 with the whole text and the details. Token log-probabilities are always asked for: TGI's
 replies carry them. best_of > 1 generates best_of sequences and answers with the most likely
 (highest cumulative log-probability), the others in `best_of_sequences`.
+
+POST /tokenize answers `[{"id", "text", "start", "stop"}]`: each token with the characters of
+`inputs` it comes from (offsets in code points; a character split into several tokens is each
+one's text).
 """
 
 from __future__ import annotations
@@ -61,8 +65,25 @@ class TgiOptions:
 
 
 def is_tgi(document: object) -> bool:
-    """POST /generate is shared with vLLM's demo server: a body with `prompt` is vLLM's."""
-    return not (isinstance(document, dict) and "prompt" in document and "inputs" not in document)
+    """POST /generate and /tokenize are shared with vLLM: a body with `prompt` or `messages`
+    and no `inputs` is vLLM's."""
+    return not (isinstance(document, dict) and "inputs" not in document
+                and ("prompt" in document or "messages" in document))
+
+
+def tokenize_request_to_pb(document: object) -> sb.TokenizeRequest:
+    """POST /tokenize: TGI's generate body, of which only `inputs` matters."""
+    document = require_object(document, "the body")
+    text = document.get("inputs")
+    if not isinstance(text, str):
+        raise bad_request("inputs", f"must be a string; got {json_type(text)}")
+    return sb.TokenizeRequest(text=text)
+
+
+def tokenize_reply(response: sb.TokenizeResponse, text: str) -> list[dict[str, object]]:
+    """TGI's tokens: each with the characters of `text` it comes from, and their offsets."""
+    return [{"id": token_id, "text": text[span.start:span.stop], "start": span.start,
+             "stop": span.stop} for token_id, span in zip(response.ids, response.spans)]
 
 
 def generate_request_to_pb(document: object, stream: bool | None

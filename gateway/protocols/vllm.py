@@ -3,6 +3,11 @@
 POST /generate with `{"prompt", "stream", ...sampling parameters}` answers
 `{"text": [prompt + completion, one per sequence]}`; streamed, the same object with the
 texts so far, each followed by a NUL byte, as vLLM sends it.
+
+And vLLM's tokenizer routes (those of its OpenAI server): POST /tokenize with `prompt` (a text;
+`add_special_tokens`, default true) or `messages` (OpenAI's, rendered with the chat template,
+which writes the special tokens) answers `{"count", "max_model_len", "tokens", "token_strs":
+null}`; POST /detokenize with `tokens` answers `{"prompt"}`, special tokens included.
 """
 
 from __future__ import annotations
@@ -13,8 +18,9 @@ import grpc
 
 from gateway.errors import bad_request
 from gateway.protocols.generation import Generation, generate_request, optional_bool, renamed
-from gateway.protocols.kserve import require_object
-from gateway.protocols.parameters import json_type
+from gateway.protocols.kserve import optional_string, require_object
+from gateway.protocols.openai import chat_messages
+from gateway.protocols.parameters import UINT32_MAX, json_type
 from gateway.protocols.tgi import HTTP_STATUS as TGI_HTTP_STATUS
 from proto import switchboard_pb2 as sb
 
@@ -24,6 +30,7 @@ DELIMITER = b"\0"
 # content type for it; this says "bytes" rather than claiming JSON.
 STREAM_CONTENT_TYPE = "application/octet-stream"
 NAMES = {"max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens"}
+DETOKENIZE_NAMES = {"tokens": "token_ids"}
 # TGI's statuses (the route is shared), but a full queue is 503: 429 is TGI's alone.
 HTTP_STATUS = {**TGI_HTTP_STATUS, grpc.StatusCode.RESOURCE_EXHAUSTED: 503}
 SAMPLING_FIELDS = frozenset({"n", "best_of", "presence_penalty", "frequency_penalty",
@@ -64,3 +71,55 @@ def stream_line(generation: Generation, prompt: str) -> bytes:
 
 def stream_error(body: object) -> bytes:
     return json.dumps(body, ensure_ascii=False).encode() + DELIMITER
+
+
+def tokenize_request_to_pb(document: object) -> sb.TokenizeRequest:
+    document = require_object(document, "the body")
+    _check_fields(document, {"model", "prompt", "messages", "add_special_tokens",
+                             "add_generation_prompt"})
+    request = sb.TokenizeRequest(model_name=optional_string(document, "model"))
+    add_special_tokens = document.get("add_special_tokens")
+    if add_special_tokens is not None and not isinstance(add_special_tokens, bool):
+        raise bad_request("add_special_tokens",
+                          f"must be a boolean; got {json_type(add_special_tokens)}")
+    if "messages" in document:
+        messages = document["messages"]
+        if not isinstance(messages, list):
+            raise bad_request("messages", f"must be an array; got {json_type(messages)}")
+        if add_special_tokens:
+            raise bad_request("add_special_tokens", "must be false with messages: the chat "
+                              "template writes the special tokens")
+        if document.get("add_generation_prompt") is False:
+            raise bad_request("add_generation_prompt", "must be true: the chat is rendered "
+                              "up to the assistant's turn")
+        request.messages.CopyFrom(chat_messages(messages))
+        return request
+    prompt = document.get("prompt")
+    if not isinstance(prompt, str):
+        raise bad_request("prompt", f"must be a string; got {json_type(prompt)}")
+    request.text = prompt
+    if add_special_tokens is not None:
+        request.add_special_tokens = add_special_tokens
+    return request
+
+
+def tokenize_reply(response: sb.TokenizeResponse) -> dict[str, object]:
+    return {"count": len(response.ids), "max_model_len": response.max_sequence_length,
+            "tokens": list(response.ids), "token_strs": None}
+
+
+def detokenize_request_to_pb(document: object) -> sb.DetokenizeRequest:
+    document = require_object(document, "the body")
+    _check_fields(document, {"model", "tokens"})
+    tokens = document.get("tokens")
+    if not isinstance(tokens, list) or not all(
+            isinstance(token, int) and not isinstance(token, bool) and 0 <= token <= UINT32_MAX
+            for token in tokens):
+        raise bad_request("tokens", f"must be an array of token ids in [0, {UINT32_MAX}]")
+    return sb.DetokenizeRequest(model_name=optional_string(document, "model"), token_ids=tokens)
+
+
+def _check_fields(document: dict[str, object], fields: set[str]) -> None:
+    unknown = sorted(set(document) - fields)
+    if unknown:
+        raise bad_request(unknown[0], "unknown field")

@@ -288,3 +288,43 @@ def test_invalid_requests_get_the_protocols_error_body(gateway, client_files, pa
     status, reply = request(gateway.url("business"), client_files, path, body)
     assert_tgi_error(status, reply, field)
     assert_still_serving(gateway, client_files)
+
+
+# 5. The tokenizer routes: TGI's and vLLM's /tokenize, vLLM's /detokenize ---------------------
+
+def test_tgi_tokenize_gives_each_token_with_its_characters(gateway, client_files) -> None:
+    status, reply = request(gateway.url("business"), client_files, "/tokenize",
+                            {"inputs": PROMPT, "parameters": {"max_new_tokens": 2}})
+    assert status == 200, reply
+    assert [token["id"] for token in reply] == PROMPT_IDS
+    assert "".join(token["text"] for token in reply) == PROMPT
+    assert all(PROMPT[token["start"]:token["stop"]] == token["text"] for token in reply)
+
+
+def test_vllm_tokenize_of_a_prompt_and_of_messages(gateway, client_files) -> None:
+    base = gateway.url("business")
+    status, reply = request(base, client_files, "/tokenize", {"model": MODEL, "prompt": PROMPT})
+    assert status == 200, reply
+    assert (reply["count"], reply["tokens"], reply["token_strs"]) == \
+        (len(PROMPT_IDS), PROMPT_IDS, None)
+    _, info = request(base, client_files, "/info")
+    assert reply["max_model_len"] == info["max_total_tokens"]
+    messages = [{"role": "user", "content": PROMPT}]
+    status, chat = request(base, client_files, "/tokenize", {"messages": messages})
+    assert status == 200, chat
+    assert chat["count"] > len(PROMPT_IDS)
+    status, text = request(base, client_files, "/detokenize", {"tokens": chat["tokens"]})
+    assert status == 200, text
+    assert text["prompt"].startswith("<|im_start|>") and PROMPT in text["prompt"]
+
+
+def test_vllm_detokenize_refuses_an_id_outside_the_vocabulary(gateway, client_files) -> None:
+    status, reply = request(gateway.url("business"), client_files, "/detokenize",
+                            {"tokens": [PARIS, 10**6]})
+    assert status == 400, reply
+    assert reply["error"]["param"] == "tokens"
+    assert str(10**6) in reply["error"]["message"]
+    assert "vocabulary" in reply["error"]["message"]
+    status, reply = request(gateway.url("business"), client_files, "/detokenize",
+                            {"tokens": [PARIS]})
+    assert (status, reply) == (200, {"prompt": " Paris"})

@@ -937,3 +937,68 @@ def test_vllm_stream_line_ends_with_nul() -> None:
 def test_vllm_stream_error() -> None:
     line = vllm.stream_error({"error": "prompt: too long"})
     assert line == b'{"error": "prompt: too long"}\0'
+
+
+# --- TGI's and vLLM's /tokenize, vLLM's /detokenize --------------------------------------------
+
+def test_tokenize_bodies_go_to_tgi_with_inputs_and_to_vllm_with_prompt_or_messages() -> None:
+    assert tgi.is_tgi({"inputs": "Hi"}) and tgi.is_tgi({}) and tgi.is_tgi([])
+    assert tgi.is_tgi({"inputs": "Hi", "prompt": "x"})
+    assert not tgi.is_tgi({"prompt": "Hi"}) and not tgi.is_tgi({"messages": []})
+
+
+def test_tgi_tokenize_answers_each_token_with_its_characters() -> None:
+    request = tgi.tokenize_request_to_pb({"inputs": "Hi 世", "parameters": {"truncate": 3}})
+    assert request.text == "Hi 世" and not request.HasField("add_special_tokens")
+    response = sb.TokenizeResponse(ids=[1, 2, 3, 4, 5], spans=[
+        sb.TextSpan(start=0, stop=0), sb.TextSpan(start=0, stop=2), sb.TextSpan(start=2, stop=3),
+        sb.TextSpan(start=3, stop=4), sb.TextSpan(start=3, stop=4)])
+    assert tgi.tokenize_reply(response, request.text) == [
+        {"id": 1, "text": "", "start": 0, "stop": 0},
+        {"id": 2, "text": "Hi", "start": 0, "stop": 2},
+        {"id": 3, "text": " ", "start": 2, "stop": 3},
+        {"id": 4, "text": "世", "start": 3, "stop": 4},
+        {"id": 5, "text": "世", "start": 3, "stop": 4}]
+    assert refused(tgi.tokenize_request_to_pb, {"inputs": 3}).field == "inputs"
+
+
+def test_vllm_tokenize_of_a_prompt() -> None:
+    request = vllm.tokenize_request_to_pb({"model": "smollm2", "prompt": "Hi",
+                                           "add_special_tokens": False})
+    assert (request.model_name, request.text, request.add_special_tokens) == \
+        ("smollm2", "Hi", False)
+    assert not vllm.tokenize_request_to_pb({"prompt": "Hi"}).HasField("add_special_tokens")
+    response = sb.TokenizeResponse(ids=[7, 8], max_sequence_length=2048)
+    assert vllm.tokenize_reply(response) == {"count": 2, "max_model_len": 2048,
+                                             "tokens": [7, 8], "token_strs": None}
+
+
+def test_vllm_tokenize_of_messages() -> None:
+    request = vllm.tokenize_request_to_pb({
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
+        "add_generation_prompt": True, "add_special_tokens": False})
+    assert [(m.role, m.content) for m in request.messages.messages] == [("user", "Hi")]
+
+
+@pytest.mark.parametrize("body, field", [
+    ({"prompt": 3}, "prompt"),
+    ({"prompt": "Hi", "add_special_tokens": "yes"}, "add_special_tokens"),
+    ({"messages": "Hi"}, "messages"),
+    ({"messages": [{"role": "user", "content": "Hi"}], "add_special_tokens": True},
+     "add_special_tokens"),
+    ({"messages": [{"role": "user", "content": "Hi"}], "add_generation_prompt": False},
+     "add_generation_prompt"),
+    ({"messages": [{"content": "Hi"}]}, "messages[0].role"),
+    ({"prompt": "Hi", "return_token_strs": True}, "return_token_strs"),
+])
+def test_vllm_tokenize_refusals_name_the_field(body: dict, field: str) -> None:
+    assert refused(vllm.tokenize_request_to_pb, body).field == field
+
+
+def test_vllm_detokenize() -> None:
+    request = vllm.detokenize_request_to_pb({"model": "smollm2", "tokens": [1, 2]})
+    assert (request.model_name, list(request.token_ids)) == ("smollm2", [1, 2])
+    for tokens in ("1 2", [1, -1], [True], [2**32]):
+        assert refused(vllm.detokenize_request_to_pb, {"tokens": tokens}).field == "tokens"
+    assert refused(vllm.detokenize_request_to_pb, {"tokens": [], "prompt": "x"}).field == \
+        "prompt"
