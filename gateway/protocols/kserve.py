@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -213,6 +213,21 @@ def _int64_as_numbers(descriptor: Descriptor, document: dict[str, object]) -> di
 def require_object(value: object, what: str) -> dict[str, object]:
     if not isinstance(value, dict):
         raise bad_request(what, f"must be a JSON object; got {json_type(value)}")
+    return value
+
+
+def refuse_unknown(document: Mapping[str, object], known: Iterable[str],
+                   kind: str = "field") -> None:
+    """400 naming the first (in sorted order) of `document`'s keys not in `known`."""
+    unknown = sorted(set(document) - set(known))
+    if unknown:
+        raise bad_request(unknown[0], f"unknown {kind}")
+
+
+def required_string(document: Mapping[str, object], name: str) -> str:
+    value = document.get(name)
+    if not isinstance(value, str):
+        raise bad_request(name, f"must be a string; got {json_type(value)}")
     return value
 
 

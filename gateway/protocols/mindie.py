@@ -15,7 +15,7 @@ import grpc
 
 from gateway.errors import bad_request
 from gateway.protocols.generation import PROMPT, Generation, generate_request, optional_bool
-from gateway.protocols.kserve import optional_string, require_object
+from gateway.protocols.kserve import optional_string, require_object, required_string
 from gateway.protocols.parameters import json_type
 from proto import switchboard_pb2 as sb
 
@@ -47,9 +47,7 @@ def infer_request_to_pb(document: object, tokens: bool
                 isinstance(i, int) and not isinstance(i, bool) for i in prompt):
             raise bad_request("input_id", f"must be an array of token ids; got {json_type(prompt)}")
     else:
-        prompt = document.get("inputs")
-        if not isinstance(prompt, str):
-            raise bad_request("inputs", f"must be a string; got {json_type(prompt)}")
+        prompt = required_string(document, "inputs")
     parameters = dict(require_object(document.get("parameters") or {}, "parameters"))
     if not optional_bool(parameters, "skip_special_tokens", True):
         raise bad_request("skip_special_tokens", "only true is supported: special tokens never "
@@ -106,10 +104,8 @@ def stream_event(response: sb.GenerateResponse, generation: Generation, details:
 def tokenize_request_to_pb(document: object) -> tuple[sb.TokenizeRequest, bool]:
     """The request and whether to answer the tokens' texts (`do_decode`) instead of ids."""
     document = require_object(document, "the body")
-    text = document.get("inputs")
-    if not isinstance(text, str):
-        raise bad_request("inputs", f"must be a string; got {json_type(text)}")
-    return sb.TokenizeRequest(text=text), optional_bool(document, "do_decode")
+    return (sb.TokenizeRequest(text=required_string(document, "inputs")),
+            optional_bool(document, "do_decode"))
 
 
 def tokenize_reply(response: sb.TokenizeResponse, decode: bool) -> dict[str, object]:

@@ -26,7 +26,7 @@ import grpc
 from gateway.errors import bad_request
 from gateway.protocols.generation import (Generation, generate_request,
                                           optional_bool, renamed)
-from gateway.protocols.kserve import optional_string, require_object
+from gateway.protocols.kserve import optional_string, refuse_unknown, require_object
 from gateway.protocols.parameters import json_type
 from proto import switchboard_pb2 as sb
 
@@ -149,9 +149,7 @@ def completion_request_to_pb(document: object) -> tuple[list[Call], OpenAIOption
 
 def _checked(document: object, fields: frozenset[str]) -> dict[str, object]:
     document = require_object(document, "the body")
-    unknown = sorted(set(document) - fields)
-    if unknown:
-        raise bad_request(unknown[0], "unknown field")
+    refuse_unknown(document, fields)
     if document.get("logit_bias"):
         raise bad_request("logit_bias", "is not supported")
     return document

@@ -24,7 +24,7 @@ import grpc
 from gateway.errors import bad_request
 from gateway.protocols.generation import (Generation, SequenceResult, generate_request,
                                           optional_bool, renamed)
-from gateway.protocols.kserve import require_object
+from gateway.protocols.kserve import refuse_unknown, require_object, required_string
 from gateway.protocols.parameters import json_type
 from proto import switchboard_pb2 as sb
 
@@ -73,11 +73,8 @@ def is_tgi(document: object) -> bool:
 
 def tokenize_request_to_pb(document: object) -> sb.TokenizeRequest:
     """POST /tokenize: TGI's generate body, of which only `inputs` matters."""
-    document = require_object(document, "the body")
-    text = document.get("inputs")
-    if not isinstance(text, str):
-        raise bad_request("inputs", f"must be a string; got {json_type(text)}")
-    return sb.TokenizeRequest(text=text)
+    return sb.TokenizeRequest(text=required_string(require_object(document, "the body"),
+                                                   "inputs"))
 
 
 def tokenize_reply(response: sb.TokenizeResponse, text: str) -> list[dict[str, object]]:
@@ -90,9 +87,7 @@ def generate_request_to_pb(document: object, stream: bool | None
                            ) -> tuple[sb.GenerateRequest, TgiOptions]:
     """`stream` None: the body's `stream` decides (POST /)."""
     document = require_object(document, "the body")
-    inputs = document.get("inputs")
-    if not isinstance(inputs, str):
-        raise bad_request("inputs", f"must be a string; got {json_type(inputs)}")
+    inputs = required_string(document, "inputs")
     if stream is None:
         stream = optional_bool(document, "stream")
     raw = document.get("parameters")
@@ -101,10 +96,8 @@ def generate_request_to_pb(document: object, stream: bool | None
     for name, reason in UNSUPPORTED.items():
         if parameters.get(name) is not None:
             raise bad_request(name, reason)
-    unknown = sorted(set(parameters) - GENERATION_PARAMETERS - RENDERING_PARAMETERS
-                     - set(UNSUPPORTED))
-    if unknown:
-        raise bad_request(unknown[0], "unknown parameter")
+    refuse_unknown(parameters, GENERATION_PARAMETERS | RENDERING_PARAMETERS | set(UNSUPPORTED),
+                   "parameter")
     options = TgiOptions(
         stream=stream,
         details=optional_bool(parameters, "details"),

@@ -18,7 +18,8 @@ import grpc
 
 from gateway.errors import bad_request
 from gateway.protocols.generation import Generation, generate_request, optional_bool, renamed
-from gateway.protocols.kserve import optional_string, require_object
+from gateway.protocols.kserve import (optional_string, refuse_unknown, require_object,
+                                      required_string)
 from gateway.protocols.openai import chat_messages
 from gateway.protocols.parameters import UINT32_MAX, json_type
 from gateway.protocols.tgi import HTTP_STATUS as TGI_HTTP_STATUS
@@ -41,12 +42,8 @@ SAMPLING_FIELDS = frozenset({"n", "best_of", "presence_penalty", "frequency_pena
 def generate_request_to_pb(document: object) -> tuple[sb.GenerateRequest, str, bool, float]:
     """The request, the prompt, whether to stream, and the call's deadline in seconds."""
     document = require_object(document, "the body")
-    prompt = document.get("prompt")
-    if not isinstance(prompt, str):
-        raise bad_request("prompt", f"must be a string; got {json_type(prompt)}")
-    unknown = sorted(set(document) - SAMPLING_FIELDS - {"prompt", "stream"})
-    if unknown:
-        raise bad_request(unknown[0], "unknown sampling parameter")
+    prompt = required_string(document, "prompt")
+    refuse_unknown(document, SAMPLING_FIELDS | {"prompt", "stream"}, "sampling parameter")
     values = renamed({name: document.get(name) for name in SAMPLING_FIELDS}, NAMES)
     values.setdefault("max_new_tokens", DEFAULT_MAX_TOKENS)
     # vLLM: temperature 0 is greedy, top_k -1 (or 0) no cut; sampling is the default.
@@ -75,13 +72,12 @@ def stream_error(body: object) -> bytes:
 
 def tokenize_request_to_pb(document: object) -> sb.TokenizeRequest:
     document = require_object(document, "the body")
-    _check_fields(document, {"model", "prompt", "messages", "add_special_tokens",
-                             "add_generation_prompt"})
+    refuse_unknown(document, {"model", "prompt", "messages", "add_special_tokens",
+                              "add_generation_prompt"})
     request = sb.TokenizeRequest(model_name=optional_string(document, "model"))
-    add_special_tokens = document.get("add_special_tokens")
-    if add_special_tokens is not None and not isinstance(add_special_tokens, bool):
-        raise bad_request("add_special_tokens",
-                          f"must be a boolean; got {json_type(add_special_tokens)}")
+    # vLLM's defaults: true for a prompt; false for messages, whose template writes them.
+    add_special_tokens = optional_bool(document, "add_special_tokens",
+                                       default="messages" not in document)
     if "messages" in document:
         messages = document["messages"]
         if not isinstance(messages, list):
@@ -89,16 +85,13 @@ def tokenize_request_to_pb(document: object) -> sb.TokenizeRequest:
         if add_special_tokens:
             raise bad_request("add_special_tokens", "must be false with messages: the chat "
                               "template writes the special tokens")
-        if document.get("add_generation_prompt") is False:
+        if not optional_bool(document, "add_generation_prompt", True):
             raise bad_request("add_generation_prompt", "must be true: the chat is rendered "
                               "up to the assistant's turn")
         request.messages.CopyFrom(chat_messages(messages))
         return request
-    prompt = document.get("prompt")
-    if not isinstance(prompt, str):
-        raise bad_request("prompt", f"must be a string; got {json_type(prompt)}")
-    request.text = prompt
-    if add_special_tokens is not None:
+    request.text = required_string(document, "prompt")
+    if document.get("add_special_tokens") is not None:
         request.add_special_tokens = add_special_tokens
     return request
 
@@ -110,16 +103,10 @@ def tokenize_reply(response: sb.TokenizeResponse) -> dict[str, object]:
 
 def detokenize_request_to_pb(document: object) -> sb.DetokenizeRequest:
     document = require_object(document, "the body")
-    _check_fields(document, {"model", "tokens"})
+    refuse_unknown(document, {"model", "tokens"})
     tokens = document.get("tokens")
     if not isinstance(tokens, list) or not all(
             isinstance(token, int) and not isinstance(token, bool) and 0 <= token <= UINT32_MAX
             for token in tokens):
         raise bad_request("tokens", f"must be an array of token ids in [0, {UINT32_MAX}]")
     return sb.DetokenizeRequest(model_name=optional_string(document, "model"), token_ids=tokens)
-
-
-def _check_fields(document: dict[str, object], fields: set[str]) -> None:
-    unknown = sorted(set(document) - fields)
-    if unknown:
-        raise bad_request(unknown[0], "unknown field")
