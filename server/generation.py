@@ -59,12 +59,20 @@ class GenerationServicer(sb_grpc.GenerationServicer):
         response = sb.TokenizeResponse(max_sequence_length=engine.limits.max_seq_len)
         if request.WhichOneof("prompt") == "messages":
             ids = engine.encode_chat(_chat_messages(request.messages))
+            # The engine answers the template's tokens, not its text: the tokens decoded are
+            # that text wherever the tokenizer round-trips (byte-level BPE does), and the spans
+            # are then those of tokenizing it again.
+            response.templated_text = engine.decode(ids, skip_special_tokens=False)
+            again, spans = engine.encode_with_spans(response.templated_text,
+                                                    add_special_tokens=False)
+            if again != ids:
+                spans = []
         else:
             add_special_tokens = (request.add_special_tokens
                                   if request.HasField("add_special_tokens") else True)
             ids, spans = engine.encode_with_spans(request.text, add_special_tokens)
-            response.spans.extend(sb.TextSpan(start=start, stop=stop) for start, stop in spans)
         response.ids.extend(ids)
+        response.spans.extend(sb.TextSpan(start=start, stop=stop) for start, stop in spans)
         response.texts.extend(engine.token_texts(ids))
         return response
 

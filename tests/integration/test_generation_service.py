@@ -558,7 +558,23 @@ def test_tokenize_chat_messages_gives_the_ids_a_chat_prompt_is_generated_from(ge
     responses = generate(generation, request(messages=messages, max_new_tokens=1,
                                              prompt_logprobs=True))
     assert list(tokenized.ids) == [token.id for token in responses[0].prompt]
-    assert not tokenized.spans
+
+
+def test_tokenize_chat_messages_answers_the_templated_text_and_each_tokens_place_in_it(
+        generation) -> None:
+    """TGI's /chat_tokenize: the text the chat template wrote, special tokens included, and
+    each token's characters in it."""
+    tokenized = generation.Tokenize(sb.TokenizeRequest(messages=chat(("user", "Hi 世界"))),
+                                    timeout=10)
+    text = tokenized.templated_text
+    assert text.startswith("<|im_start|>") and text.endswith("<|im_start|>assistant\n")
+    assert "<|im_start|>user\nHi 世界<|im_end|>" in text
+    spans = [(span.start, span.stop) for span in tokenized.spans]
+    assert len(spans) == len(tokenized.ids)
+    assert text[slice(*spans[0])] == "<|im_start|>"
+    # The tokens of one character (世, 界) share its span; the spans tile the text.
+    assert "".join(text[start:stop] for start, stop in dict.fromkeys(spans)) == text
+    assert not generation.Tokenize(sb.TokenizeRequest(text="Hi"), timeout=10).templated_text
 
 
 def test_detokenize_inverts_tokenize_special_tokens_included(generation) -> None:
