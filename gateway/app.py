@@ -66,6 +66,8 @@ ROUTES: dict[Plane, list[tuple[str, type[tornado.web.RequestHandler], str]]] = {
         (r"/v1/tokenizer", generation.TokenizerHandler, "mindie_tokenizer"),
         (r"/tokenize", generation.TokenizeHandler, "tgi_vllm_tokenize"),
         (r"/detokenize", generation.DetokenizeHandler, "vllm_detokenize"),
+        (r"/ping", generation.PingHandler, "sagemaker_ping"),
+        (r"/version", generation.VersionHandler, "vllm_version"),
         (r"/openapi\.json", openapi.OpenAPIHandler, "openapi"),
     ],
     Plane.MANAGEMENT: [

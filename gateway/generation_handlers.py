@@ -165,6 +165,12 @@ class HealthHandler(TgiHandler):
         await self.health()
 
 
+class PingHandler(HealthHandler):
+    """SageMaker's /ping, /health's answer: TGI serves GET, vLLM POST too."""
+
+    post = HealthHandler.get
+
+
 class OpenAIHandler(GenerationHandler):
     """OpenAI's routes: errors `{"error": {"message", "type", "param", "code"}}`."""
 
@@ -196,6 +202,13 @@ class DetokenizeHandler(OpenAIHandler):
         response = await self.track(self.upstream.generation.Detokenize(
             vllm.detokenize_request_to_pb(parse_json(self.body)), timeout=METADATA_TIMEOUT_S))
         self.write_json({"prompt": response.text})
+
+
+class VersionHandler(OpenAIHandler):
+    """vLLM's GET /version."""
+
+    def get(self) -> None:
+        self.write_json(vllm.version_json())
 
 
 class CompletionsHandler(OpenAIHandler):

@@ -323,6 +323,7 @@ REPLIES: dict[str, JSON] = {
                        "token_strs": nullable(array(STRING))},
                       ["count", "max_model_len", "tokens"]),
     "VllmText": obj({"prompt": STRING}, ["prompt"]),
+    "Version": obj({"version": STRING}, ["version"]),
     "Model": obj({"id": STRING, "object": only("model", STRING), "created": integer(0),
                   "owned_by": STRING}, ["id", "object", "created", "owned_by"]),
     "ModelList": obj({"object": only("list", STRING), "data": array(ref("Model"))},
@@ -514,6 +515,9 @@ OPERATIONS: dict[str, dict[str, Operation]] = {
                                           "tokens included", json_reply("VllmText"),
                                           ref("VllmDetokenizeRequest"))},
     "health": {"get": HEALTH},
+    "sagemaker_ping": {"get": HEALTH, "post": HEALTH},
+    "vllm_version": {"get": Operation("vLLM's version route: this package's version",
+                                      json_reply("Version"))},
     "openai_models": {"get": Operation("OpenAI's model list", json_reply("ModelList"))},
     "openai_model": {"get": Operation("One OpenAI model", json_reply("Model"))},
     "openai_chat": {"post": Operation(

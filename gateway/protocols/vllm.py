@@ -7,11 +7,13 @@ texts so far, each followed by a NUL byte, as vLLM sends it.
 And vLLM's tokenizer routes (those of its OpenAI server): POST /tokenize with `prompt` (a text;
 `add_special_tokens`, default true) or `messages` (OpenAI's, rendered with the chat template,
 which writes the special tokens) answers `{"count", "max_model_len", "tokens", "token_strs":
-null}`; POST /detokenize with `tokens` answers `{"prompt"}`, special tokens included.
+null}`; POST /detokenize with `tokens` answers `{"prompt"}`, special tokens included. GET
+/version answers `{"version"}`: our package's.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 
 import grpc
@@ -110,3 +112,8 @@ def detokenize_request_to_pb(document: object) -> sb.DetokenizeRequest:
             for token in tokens):
         raise bad_request("tokens", f"must be an array of token ids in [0, {UINT32_MAX}]")
     return sb.DetokenizeRequest(model_name=optional_string(document, "model"), token_ids=tokens)
+
+
+def version_json() -> dict[str, str]:
+    """GET /version: vLLM's package version there, ours here."""
+    return {"version": importlib.metadata.version("switchboard")}

@@ -205,10 +205,16 @@ def test_curl_info(gateway, client_files) -> None:
     assert isinstance(info["version"], str) and info["version"]
 
 
-@pytest.mark.parametrize("path", ["/health", "/"])
+@pytest.mark.parametrize("path", ["/health", "/", "/ping"])
 def test_curl_health(gateway, client_files, path) -> None:
     reply = curl_with(client_files, business(gateway, path))
     assert (reply.exit_code, reply.status) == (0, 200), reply.body
+    assert reply.body == b""
+
+
+def test_sagemakers_ping_answers_a_post_too_as_vllm_does(gateway, client_files) -> None:
+    reply = curl_with(client_files, business(gateway, "/ping"), body={})
+    assert (reply.exit_code, reply.status, reply.body) == (0, 200, b"")
 
 
 # 3. vLLM's demo server: /generate with `prompt` ----------------------------------------------
@@ -328,3 +334,13 @@ def test_vllm_detokenize_refuses_an_id_outside_the_vocabulary(gateway, client_fi
     status, reply = request(gateway.url("business"), client_files, "/detokenize",
                             {"tokens": [PARIS]})
     assert (status, reply) == (200, {"prompt": " Paris"})
+
+
+# 6. vLLM's /version ---------------------------------------------------------------------------
+
+def test_vllm_version_is_the_packages(gateway, client_files) -> None:
+    status, reply = request(gateway.url("business"), client_files, "/version")
+    assert status == 200, reply
+    assert set(reply) == {"version"} and reply["version"]
+    _, info = request(gateway.url("business"), client_files, "/info")
+    assert reply["version"] == info["version"]  # the server's, from the same package

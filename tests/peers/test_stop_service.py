@@ -125,6 +125,9 @@ def test_stop_service_drains_the_streams_then_both_processes_exit(service, clien
     assert request(management, client_files, "/health/timed-5") == (200, {"status": "healthy"})
     assert fetch(management, client_files, f"/v2/models/{MODEL}/ready")[0] == 503
     assert fetch(gateway.url("business"), client_files, "/health", {})[0] == 405  # no inference
+    for ping in (None, {}):  # SageMaker's probe: GET, and POST as vLLM takes it
+        assert request(gateway.url("business"), client_files, "/ping", ping) == \
+            (503, {"error": "unhealthy", "error_type": "healthcheck"})
     assert not any(stream.done.done() for stream in streams), "the drain ended too early to test"
 
     status, body, answered_at = stop.result(timeout=REQUEST_TIMEOUT_S)
