@@ -169,6 +169,11 @@ class AsyncEngine:
         """Each token decoded alone, special tokens included (TGI's and OpenAI's token text)."""
         return self._tokenizer.batch_decode([[token_id] for token_id in token_ids])
 
+    def vocabulary_strings(self, token_ids: Sequence[int]) -> list[str]:
+        """Each token as the vocabulary spells it (vLLM's token_strs): byte-level BPE writes a
+        space as "Ġ", and a piece of a character as the symbols of its bytes."""
+        return self._tokenizer.convert_ids_to_tokens(list(token_ids))
+
     def generate(self, request: GenerationRequest) -> AsyncIterator[RequestOutput]:
         """Events for one request, the last one (of each of its n sequences, told apart by
         `index`) with finish_reason set.

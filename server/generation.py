@@ -74,6 +74,7 @@ class GenerationServicer(sb_grpc.GenerationServicer):
         response.ids.extend(ids)
         response.spans.extend(sb.TextSpan(start=start, stop=stop) for start, stop in spans)
         response.texts.extend(engine.token_texts(ids))
+        response.vocabulary_strings.extend(engine.vocabulary_strings(ids))
         return response
 
     @engine_errors

@@ -551,6 +551,14 @@ def test_tokens_of_one_character_share_its_span(generation) -> None:
         ["Hi", " ", "世", "世", "界", "界", "界"]
 
 
+def test_tokenize_spells_each_token_as_the_vocabulary_does(generation) -> None:
+    """vLLM's token_strs: the vocabulary's strings, not decoded text (byte-level BPE writes
+    the space before "the" as Ġ)."""
+    tokenized = generation.Tokenize(sb.TokenizeRequest(text="Hi the"), timeout=10)
+    assert list(tokenized.vocabulary_strings) == ["Hi", "Ġthe"]
+    assert list(tokenized.texts) == ["Hi", " the"]
+
+
 def test_tokenize_chat_messages_gives_the_ids_a_chat_prompt_is_generated_from(generation
                                                                               ) -> None:
     messages = chat(("user", QUESTION))

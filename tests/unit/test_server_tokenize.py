@@ -42,6 +42,9 @@ class CharacterEngine:
     def token_texts(self, token_ids: Sequence[int]) -> list[str]:
         return [chr(token_id) for token_id in token_ids]
 
+    def vocabulary_strings(self, token_ids: Sequence[int]) -> list[str]:
+        return [f"<{token_id}>" for token_id in token_ids]
+
 
 def tokenize_chat(engine: CharacterEngine) -> sb.TokenizeResponse:
     served = ServedModel(MODEL)
