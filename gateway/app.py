@@ -65,6 +65,7 @@ ROUTES: dict[Plane, list[tuple[str, type[tornado.web.RequestHandler], str]]] = {
         (r"/infer_token", generation.MindIETokenHandler, "mindie_infer_token"),
         (r"/v1/tokenizer", generation.TokenizerHandler, "mindie_tokenizer"),
         (r"/tokenize", generation.TokenizeHandler, "tgi_vllm_tokenize"),
+        (r"/chat_tokenize", generation.ChatTokenizeHandler, "tgi_chat_tokenize"),
         (r"/detokenize", generation.DetokenizeHandler, "vllm_detokenize"),
         (r"/ping", generation.PingHandler, "sagemaker_ping"),
         (r"/version", generation.VersionHandler, "vllm_version"),

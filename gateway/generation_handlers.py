@@ -32,6 +32,10 @@ class GenerationHandler(Handler):
                  ) -> grpc.aio.UnaryStreamCall:
         return self.track(self.upstream.generation.Generate(request, timeout=deadline_s))
 
+    async def tokenize(self, request: sb.TokenizeRequest) -> sb.TokenizeResponse:
+        return await self.track(self.upstream.generation.Tokenize(
+            request, timeout=METADATA_TIMEOUT_S))
+
     def describe_field_error(self, error: BaseException | None, status: int
                              ) -> tuple[int, str, str | None]:
         if isinstance(error, RequestError):
@@ -150,14 +154,19 @@ class TokenizeHandler(TgiHandler):
         document = parse_json(self.body)
         if tgi.is_tgi(document):
             request = tgi.tokenize_request_to_pb(document)
-            response = await self.track(self.upstream.generation.Tokenize(
-                request, timeout=METADATA_TIMEOUT_S))
-            self.write_json(tgi.tokenize_reply(response, request.text))
+            self.write_json(tgi.tokenize_reply(await self.tokenize(request), request.text))
             return
         self.status_table = vllm.HTTP_STATUS
-        response = await self.track(self.upstream.generation.Tokenize(
-            vllm.tokenize_request_to_pb(document), timeout=METADATA_TIMEOUT_S))
+        response = await self.tokenize(vllm.tokenize_request_to_pb(document))
         self.write_json(vllm.tokenize_reply(response))
+
+
+class ChatTokenizeHandler(TgiHandler):
+    """TGI's POST /chat_tokenize."""
+
+    async def post(self) -> None:
+        response = await self.tokenize(tgi.chat_tokenize_request_to_pb(parse_json(self.body)))
+        self.write_json(tgi.chat_tokenize_reply(response))
 
 
 class HealthHandler(TgiHandler):
@@ -348,6 +357,4 @@ class TokenizerHandler(MindIEHandler):
 
     async def post(self) -> None:
         request, decode = mindie.tokenize_request_to_pb(parse_json(self.body))
-        response = await self.track(self.upstream.generation.Tokenize(
-            request, timeout=METADATA_TIMEOUT_S))
-        self.write_json(mindie.tokenize_reply(response, decode))
+        self.write_json(mindie.tokenize_reply(await self.tokenize(request), decode))

@@ -319,6 +319,8 @@ REPLIES: dict[str, JSON] = {
     "VllmResponse": obj({"text": array(STRING)}, ["text"]),
     "TgiTokens": array(obj({"id": integer(0), "text": STRING, **counts("start", "stop")},
                            ["id", "text", "start", "stop"])),
+    "TgiChatTokens": obj({"tokenize_response": ref("TgiTokens"), "templated_text": STRING},
+                         ["tokenize_response", "templated_text"]),
     "VllmTokens": obj({**counts("count", "max_model_len"), "tokens": array(integer(0)),
                        "token_strs": nullable(array(STRING))},
                       ["count", "max_model_len", "tokens"]),
@@ -511,6 +513,9 @@ OPERATIONS: dict[str, dict[str, Operation]] = {
         "or vLLM's (a body with `prompt` or `messages`)",
         {"application/json": {"schema": {"oneOf": [ref("TgiTokens"), ref("VllmTokens")]}}},
         {"oneOf": [ref("TgiRequest"), ref("VllmTokenizeRequest")]})},
+    "tgi_chat_tokenize": {"post": Operation(
+        "TGI's chat tokenizer: the messages as the chat template writes them, and each token "
+        "with its characters there", json_reply("TgiChatTokens"), ref("ChatCompletionRequest"))},
     "vllm_detokenize": {"post": Operation("vLLM's detokenizer: token ids to text, special "
                                           "tokens included", json_reply("VllmText"),
                                           ref("VllmDetokenizeRequest"))},

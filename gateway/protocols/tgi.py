@@ -10,7 +10,9 @@ replies carry them. best_of > 1 generates best_of sequences and answers with the
 
 POST /tokenize answers `[{"id", "text", "start", "stop"}]`: each token with the characters of
 `inputs` it comes from (offsets in code points; a character split into several tokens is each
-one's text).
+one's text). POST /chat_tokenize takes a chat request (/v1/chat/completions' body) and answers
+`{"tokenize_response": [those tokens], "templated_text"}`, the offsets in the text the chat
+template wrote, as TGI's router/src/server.rs `get_chat_tokenize` does.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from gateway.errors import bad_request
 from gateway.protocols.generation import (Generation, SequenceResult, generate_request,
                                           optional_bool, renamed)
 from gateway.protocols.kserve import refuse_unknown, require_object, required_string
+from gateway.protocols.openai import chat_request_to_pb
 from gateway.protocols.parameters import json_type
 from proto import switchboard_pb2 as sb
 
@@ -78,9 +81,25 @@ def tokenize_request_to_pb(document: object) -> sb.TokenizeRequest:
 
 
 def tokenize_reply(response: sb.TokenizeResponse, text: str) -> list[dict[str, object]]:
-    """TGI's tokens: each with the characters of `text` it comes from, and their offsets."""
+    """TGI's tokens: each with the characters of `text` it comes from, and their offsets.
+    Without spans (a templated text that does not tokenize back into the same tokens), each
+    token has no characters, at 0, as TGI answers tokens whose offsets it lacks."""
+    spans = response.spans or [sb.TextSpan()] * len(response.ids)
     return [{"id": token_id, "text": text[span.start:span.stop], "start": span.start,
-             "stop": span.stop} for token_id, span in zip(response.ids, response.spans)]
+             "stop": span.stop} for token_id, span in zip(response.ids, spans)]
+
+
+def chat_tokenize_request_to_pb(document: object) -> sb.TokenizeRequest:
+    """POST /chat_tokenize: a chat request, checked as /v1/chat/completions checks it, whose
+    messages are tokenized."""
+    [call], _ = chat_request_to_pb(document)
+    return sb.TokenizeRequest(model_name=call.request.model_name,
+                              messages=call.request.messages)
+
+
+def chat_tokenize_reply(response: sb.TokenizeResponse) -> dict[str, object]:
+    return {"tokenize_response": tokenize_reply(response, response.templated_text),
+            "templated_text": response.templated_text}
 
 
 def generate_request_to_pb(document: object, stream: bool | None

@@ -296,7 +296,7 @@ def test_invalid_requests_get_the_protocols_error_body(gateway, client_files, pa
     assert_still_serving(gateway, client_files)
 
 
-# 5. The tokenizer routes: TGI's and vLLM's /tokenize, vLLM's /detokenize ---------------------
+# 5. The tokenizer routes: TGI's /tokenize and /chat_tokenize, vLLM's /tokenize, /detokenize -
 
 def test_tgi_tokenize_gives_each_token_with_its_characters(gateway, client_files) -> None:
     status, reply = request(gateway.url("business"), client_files, "/tokenize",
@@ -305,6 +305,26 @@ def test_tgi_tokenize_gives_each_token_with_its_characters(gateway, client_files
     assert [token["id"] for token in reply] == PROMPT_IDS
     assert "".join(token["text"] for token in reply) == PROMPT
     assert all(PROMPT[token["start"]:token["stop"]] == token["text"] for token in reply)
+
+
+def test_tgi_chat_tokenize_gives_the_templated_text_and_each_token_in_it(gateway,
+                                                                         client_files) -> None:
+    base = gateway.url("business")
+    messages = [{"role": "user", "content": PROMPT}]
+    status, reply = request(base, client_files, "/chat_tokenize",
+                            {"model": "tgi", "messages": messages, "max_tokens": 2})
+    assert status == 200, reply
+    assert set(reply) == {"tokenize_response", "templated_text"}
+    text, tokens = reply["templated_text"], reply["tokenize_response"]
+    assert text.startswith("<|im_start|>") and text.endswith("<|im_start|>assistant\n"), text
+    assert f"<|im_start|>user\n{PROMPT}<|im_end|>\n" in text
+    assert all(text[token["start"]:token["stop"]] == token["text"] for token in tokens)
+    assert "".join(token["text"] for token in tokens) == text
+    _, vllm = request(base, client_files, "/tokenize", {"messages": messages})
+    assert [token["id"] for token in tokens] == vllm["tokens"]  # the prompt Generate gets
+    status, refused = request(base, client_files, "/chat_tokenize",
+                              {"messages": [{"role": "narrator", "content": PROMPT}]})
+    assert_tgi_error(status, refused, "messages[0].role")
 
 
 def test_vllm_tokenize_of_a_prompt_and_of_messages(gateway, client_files) -> None:

@@ -964,6 +964,44 @@ def test_tgi_tokenize_answers_each_token_with_its_characters() -> None:
     assert refused(tgi.tokenize_request_to_pb, {"inputs": 3}).field == "inputs"
 
 
+def test_tgi_chat_tokenize_takes_a_chat_request_and_tokenizes_its_messages() -> None:
+    request = tgi.chat_tokenize_request_to_pb({"model": "tgi", "messages": [USER],
+                                               "max_tokens": 5, "stream": True})
+    assert request.model_name == ""  # TGI's placeholder: the served model
+    assert [(m.role, m.content) for m in request.messages.messages] == [("user", "Hi")]
+    assert tgi.chat_tokenize_request_to_pb({"model": "smollm2", "messages": [USER]}
+                                           ).model_name == "smollm2"
+
+
+@pytest.mark.parametrize("body, field", [
+    ({"messages": "Hi"}, "messages"),
+    ({"messages": [{"content": "Hi"}]}, "messages[0].role"),
+    ({"messages": [USER], "tools": [{"type": "function"}]}, "tools"),
+    ({"messages": [USER], "inputs": "Hi"}, "inputs"),
+])
+def test_tgi_chat_tokenize_refusals_name_the_field(body: dict, field: str) -> None:
+    assert refused(tgi.chat_tokenize_request_to_pb, body).field == field
+
+
+def test_tgi_chat_tokenize_answers_tokens_in_the_templated_text() -> None:
+    text = "<|im_start|>user\nHi"
+    response = sb.TokenizeResponse(ids=[1, 2, 3], templated_text=text, spans=[
+        sb.TextSpan(start=0, stop=12), sb.TextSpan(start=12, stop=17),
+        sb.TextSpan(start=17, stop=19)])
+    assert tgi.chat_tokenize_reply(response) == {
+        "tokenize_response": [{"id": 1, "text": "<|im_start|>", "start": 0, "stop": 12},
+                              {"id": 2, "text": "user\n", "start": 12, "stop": 17},
+                              {"id": 3, "text": "Hi", "start": 17, "stop": 19}],
+        "templated_text": text}
+
+
+def test_tokens_without_spans_have_no_characters_as_in_tgi() -> None:
+    """TGI's answer for tokens whose offsets it lacks: empty text at 0."""
+    response = sb.TokenizeResponse(ids=[1, 2], templated_text="ab")
+    assert tgi.chat_tokenize_reply(response)["tokenize_response"] == [
+        {"id": 1, "text": "", "start": 0, "stop": 0}, {"id": 2, "text": "", "start": 0, "stop": 0}]
+
+
 def test_vllm_tokenize_of_a_prompt() -> None:
     request = vllm.tokenize_request_to_pb({"model": "smollm2", "prompt": "Hi",
                                            "add_special_tokens": False})
