@@ -68,6 +68,7 @@ ROUTES: dict[Plane, list[tuple[str, type[tornado.web.RequestHandler], str]]] = {
         (r"/chat_tokenize", generation.ChatTokenizeHandler, "tgi_chat_tokenize"),
         (r"/detokenize", generation.DetokenizeHandler, "vllm_detokenize"),
         (r"/ping", generation.PingHandler, "sagemaker_ping"),
+        (r"/invocations", generation.InvocationsHandler, "sagemaker_invocations"),
         (r"/version", generation.VersionHandler, "vllm_version"),
         (r"/openapi\.json", openapi.OpenAPIHandler, "openapi"),
     ],

@@ -13,7 +13,7 @@ import grpc
 
 from gateway.errors import RequestError
 from gateway.handler import METADATA_TIMEOUT_S, Handler
-from gateway.protocols import mindie, openai, tgi, vllm
+from gateway.protocols import mindie, openai, sagemaker, tgi, vllm
 from gateway.protocols.generation import Generation, field_in_protocol
 from gateway.protocols.kserve import parse_json
 from gateway.sse import DONE_EVENT, sse_event
@@ -273,6 +273,25 @@ class CompletionsHandler(OpenAIHandler):
 
 class ChatCompletionsHandler(CompletionsHandler):
     chat = True
+
+
+# The handler of the route serving each API's body on /invocations (protocols/sagemaker.py).
+INVOCATION_HANDLERS: dict[str, type[GenerationHandler]] = {
+    "inputs": TgiCompatHandler, "messages": ChatCompletionsHandler, "prompt": CompletionsHandler}
+
+
+class InvocationsHandler(OpenAIHandler):
+    """SageMaker's POST /invocations: served by the handler of the route its body is for, with
+    that route's reply and errors. A body for none gets OpenAI's 400, as vLLM answers it; so
+    do the refusals that come before the body is read (413, and 503 while stopping)."""
+
+    runs_inference = True
+
+    async def post(self) -> None:
+        # The request becomes one of that route's: handlers differ in their methods only (their
+        # state is Handler's), and that route's, like this one, runs inference.
+        self.__class__ = INVOCATION_HANDLERS[sagemaker.api_field(parse_json(self.body))]
+        await self.post()
 
 
 async def _merged(calls: list[grpc.aio.UnaryStreamCall]

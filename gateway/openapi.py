@@ -311,6 +311,7 @@ REPLIES: dict[str, JSON] = {
     "SlotCount": obj(counts("total_slots", "free_slots", "available_tokens_length"),
                      ["total_slots", "free_slots", "available_tokens_length"]),
     "TgiResponse": obj({"generated_text": STRING, "details": TGI_DETAILS}, ["generated_text"]),
+    "TgiCompatResponse": array(ref("TgiResponse"), minItems=1, maxItems=1),
     "TgiInfo": obj({"model_id": STRING, "version": STRING, "router": STRING,
                     **{name: nullable(integer(0)) for name in (
                         "max_best_of", "max_stop_sequences", "max_input_length",
@@ -395,6 +396,13 @@ def error_type(error_body: Callable[[int, str], Mapping[str, object]]) -> Callab
     return lambda status: obj({"error_type": only(error_body(status, "")["error_type"], STRING)})
 
 
+def either(*shapes: ErrorShape) -> Callable[[int], JSON]:
+    """The errors of a route answering in several shapes: at a status, the body of one of
+    the shapes that have it."""
+    return lambda status: {"oneOf": [shape.at(status) for shape in shapes
+                                     if status in shape.statuses]}
+
+
 def openai_error(status: int) -> JSON:
     error = openai.error_body(status, "", None)["error"]
     return obj({"error": obj({"type": only(error["type"], STRING),
@@ -426,9 +434,16 @@ MINDIE_ERROR = ErrorShape(
     "MindIEError", "mindie",
     'MindIE\'s native and management routes; errors are `{"error", "error_type"}`',
     TYPED_ERROR, statuses(mindie.HTTP_STATUS, 400, 501), error_type(mindie.error_body))
-SHAPES = (KSERVE_ERROR, TGI_ERROR, OPENAI_ERROR, MINDIE_ERROR)
+SAGEMAKER_ERROR = ErrorShape(
+    "SageMakerError", "sagemaker",
+    "SageMaker's /invocations; errors are TGI's for a body with `inputs` once it is read, "
+    "OpenAI's otherwise",
+    {"oneOf": [ref(TGI_ERROR.name), ref(OPENAI_ERROR.name)]},
+    tuple(sorted({*TGI_ERROR.statuses, *OPENAI_ERROR.statuses})), either(TGI_ERROR, OPENAI_ERROR))
+SHAPES = (KSERVE_ERROR, TGI_ERROR, OPENAI_ERROR, MINDIE_ERROR, SAGEMAKER_ERROR)
 # A handler's error shape is its nearest base class's here.
 ERROR_SHAPES: dict[type[tornado.web.RequestHandler], ErrorShape] = {
+    generation.InvocationsHandler: SAGEMAKER_ERROR,
     generation.TgiHandler: TGI_ERROR,
     generation.OpenAIHandler: OPENAI_ERROR,
     generation.MindIEHandler: MINDIE_ERROR,
@@ -493,10 +508,7 @@ OPERATIONS: dict[str, dict[str, Operation]] = {
     "tgi_compat": {
         "get": HEALTH,
         "post": Operation("TGI's compat route: a one-element array, or (`stream: true`) "
-                          f"{GENERATION_STREAM}",
-                          {"application/json": {"schema": array(ref("TgiResponse"),
-                                                                minItems=1, maxItems=1)},
-                           **SSE},
+                          f"{GENERATION_STREAM}", {**json_reply("TgiCompatResponse"), **SSE},
                           ref("TgiRequest"))},
     "tgi_vllm_generate": {"post": Operation(
         "TGI's generate (a body with `inputs`) or vLLM's demo server's (a body with `prompt`; "
@@ -521,6 +533,14 @@ OPERATIONS: dict[str, dict[str, Operation]] = {
                                           ref("VllmDetokenizeRequest"))},
     "health": {"get": HEALTH},
     "sagemaker_ping": {"get": HEALTH, "post": HEALTH},
+    "sagemaker_invocations": {"post": Operation(
+        "SageMaker's invocations: a body with `inputs` is served as TGI's compat route `/`, "
+        "one with `messages` as OpenAI's chat completions, one with `prompt` as its "
+        "completions (each streamed with `stream: true`)",
+        {"application/json": {"schema": {"oneOf": [
+            ref("TgiCompatResponse"), ref("ChatCompletion"), ref("TextCompletion")]}}, **SSE},
+        {"oneOf": [ref("TgiRequest"), ref("ChatCompletionRequest"),
+                   ref("CompletionRequest")]})},
     "vllm_version": {"get": Operation("vLLM's version route: this package's version",
                                       json_reply("Version"))},
     "openai_models": {"get": Operation("OpenAI's model list", json_reply("ModelList"))},

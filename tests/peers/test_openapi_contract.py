@@ -149,7 +149,7 @@ def test_the_document_lists_the_business_routes_only(served_document: dict) -> N
     assert not {"/metrics", "/stopService", "/v1/status"} & set(paths)
     tags = {tag for item in paths.values() for operation in item.values()
             for tag in operation["tags"]}
-    assert {"business", "kserve", "tgi", "openai", "mindie"} == tags
+    assert {"business", "kserve", "tgi", "openai", "mindie", "sagemaker"} == tags
 
 
 def test_every_operation_keeps_its_contract(api: schemathesis.BaseSchema,

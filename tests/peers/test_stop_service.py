@@ -31,6 +31,8 @@ REFUSED = (
      {"error", "error_type"}),
     (f"/v2/models/{MODEL}/generate", {"text_input": "Hi", "parameters": {"max_new_tokens": 2}},
      {"error"}),
+    # Refused before its body is read: in OpenAI's shape, whatever API the body is for.
+    ("/invocations", {"inputs": "Hi", "parameters": {"max_new_tokens": 2}}, {"error"}),
 )
 
 

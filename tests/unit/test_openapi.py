@@ -92,6 +92,19 @@ def test_errors_have_their_protocols_shape() -> None:
         "$ref": "#/components/responses/KServeError503"}
 
 
+def test_invocations_errors_are_tgis_or_openais_as_each_answers_the_status() -> None:
+    def shapes_at(status: int) -> list[str]:
+        assert DOCUMENT["paths"]["/invocations"]["post"]["responses"][str(status)] == {
+            "$ref": f"#/components/responses/SageMakerError{status}"}
+        response = DOCUMENT["components"]["responses"][f"SageMakerError{status}"]
+        narrowed = response["content"]["application/json"]["schema"]["allOf"][1]
+        return [shape["allOf"][0]["$ref"].rpartition("/")[2] for shape in narrowed["oneOf"]]
+
+    assert shapes_at(422) == shapes_at(429) == ["TgiError"]
+    assert shapes_at(400) == ["OpenAIError"]
+    assert shapes_at(404) == shapes_at(503) == ["TgiError", "OpenAIError"]
+
+
 @pytest.mark.parametrize("name", sorted(openapi.PARAMETERS))
 def test_request_parameters_have_the_engines_ranges(name: str) -> None:
     assert name in validation.SUPPORTED_PARAMS

@@ -1,0 +1,47 @@
+"""SageMaker's POST /invocations (gateway/protocols/sagemaker.py): which API a body is for, and
+the handler serving it, that of the route for that API. No network; the routes end to end are
+in tests/peers/test_gateway_sagemaker.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway import generation_handlers as generation
+from gateway.app import ROUTES
+from gateway.config import Plane
+from gateway.errors import RequestError
+from gateway.protocols import sagemaker
+
+USER = {"role": "user", "content": "Hi"}
+
+
+@pytest.mark.parametrize("body, field", [
+    ({"inputs": "Hi", "parameters": {"max_new_tokens": 2}, "stream": True}, "inputs"),
+    ({"messages": [USER], "max_tokens": 2}, "messages"),
+    ({"prompt": "Hi", "max_tokens": 2}, "prompt"),
+    # In the order TGI tries them; vLLM tries chat before completions too.
+    ({"inputs": "Hi", "messages": [USER], "prompt": "Hi"}, "inputs"),
+    ({"messages": [USER], "prompt": "Hi"}, "messages"),
+    # The field's presence decides; its route then checks its value.
+    ({"inputs": None}, "inputs"),
+])
+def test_the_field_only_one_apis_body_has_tells_the_api(body: dict, field: str) -> None:
+    assert sagemaker.api_field(body) == field
+
+
+@pytest.mark.parametrize("body", [{}, {"text_input": "Hi"}, ["inputs"], "inputs", None])
+def test_a_body_for_no_api_is_refused_naming_the_fields_expected(body: object) -> None:
+    with pytest.raises(RequestError) as refused:
+        sagemaker.api_field(body)
+    assert refused.value.status == 400
+    assert all(f"`{field}`" in refused.value.message for field in sagemaker.API_FIELDS)
+
+
+def test_each_body_is_served_by_its_routes_handler() -> None:
+    handlers = {pattern: handler for pattern, handler, _ in ROUTES[Plane.BUSINESS]}
+    assert generation.INVOCATION_HANDLERS == {
+        "inputs": handlers[r"/"], "messages": handlers[r"/v1/chat/completions"],
+        "prompt": handlers[r"/v1/completions"]}
+    assert set(generation.INVOCATION_HANDLERS) == set(sagemaker.API_FIELDS)
+    assert handlers[r"/invocations"].runs_inference
+    assert all(handler.runs_inference for handler in generation.INVOCATION_HANDLERS.values())
