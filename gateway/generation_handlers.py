@@ -21,7 +21,6 @@ from proto import grpc_service_pb2 as pb
 from proto import switchboard_pb2 as sb
 
 
-
 class GenerationHandler(Handler):
     """Calls Generate; errors name fields in the protocol's terms (`names`: the protocol's
     names → MindIE's)."""
@@ -157,8 +156,8 @@ class TokenizeHandler(TgiHandler):
             self.write_json(tgi.tokenize_reply(await self.tokenize(request), request.text))
             return
         self.status_table = vllm.HTTP_STATUS
-        response = await self.tokenize(vllm.tokenize_request_to_pb(document))
-        self.write_json(vllm.tokenize_reply(response))
+        request, token_strs = vllm.tokenize_request_to_pb(document)
+        self.write_json(vllm.tokenize_reply(await self.tokenize(request), token_strs))
 
 
 class ChatTokenizeHandler(TgiHandler):

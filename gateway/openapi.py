@@ -241,11 +241,12 @@ REQUESTS: dict[str, JSON] = {
                                    ["input_id"]),
     "TokenizerRequest": obj({"inputs": STRING, "do_decode": nullable(BOOLEAN)}, ["inputs"]),
     "VllmTokenizeRequest": {"oneOf": [
-        obj({"model": STRING, "prompt": STRING, "add_special_tokens": BOOLEAN}, ["prompt"],
-            closed=True),
+        obj({"model": STRING, "prompt": STRING, "add_special_tokens": BOOLEAN,
+             "return_token_strs": BOOLEAN}, ["prompt"], closed=True),
         obj({"model": STRING, "messages": array(MESSAGE, minItems=1),
              "add_special_tokens": only(False, BOOLEAN),
-             "add_generation_prompt": only(True, BOOLEAN)}, ["messages"], closed=True)]},
+             "add_generation_prompt": only(True, BOOLEAN), "return_token_strs": BOOLEAN},
+            ["messages"], closed=True)]},
     "VllmDetokenizeRequest": obj({"model": STRING, "tokens": array(TOKEN_ID)}, ["tokens"],
                                  closed=True),
 }

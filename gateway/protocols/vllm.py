@@ -6,8 +6,9 @@ texts so far, each followed by a NUL byte, as vLLM sends it.
 
 And vLLM's tokenizer routes (those of its OpenAI server): POST /tokenize with `prompt` (a text;
 `add_special_tokens`, default true) or `messages` (OpenAI's, rendered with the chat template,
-which writes the special tokens) answers `{"count", "max_model_len", "tokens", "token_strs":
-null}`; POST /detokenize with `tokens` answers `{"prompt"}`, special tokens included. GET
+which writes the special tokens) answers `{"count", "max_model_len", "tokens", "token_strs"}`,
+`token_strs` the vocabulary's strings of the tokens (`"Ġthe"`) when `return_token_strs` asks for
+them, else null; POST /detokenize with `tokens` answers `{"prompt"}`, special tokens included. GET
 /version answers `{"version"}`: our package's.
 """
 
@@ -72,11 +73,13 @@ def stream_error(body: object) -> bytes:
     return json.dumps(body, ensure_ascii=False).encode() + DELIMITER
 
 
-def tokenize_request_to_pb(document: object) -> sb.TokenizeRequest:
+def tokenize_request_to_pb(document: object) -> tuple[sb.TokenizeRequest, bool]:
+    """The request, and whether the reply gives the tokens' vocabulary strings."""
     document = require_object(document, "the body")
     refuse_unknown(document, {"model", "prompt", "messages", "add_special_tokens",
-                              "add_generation_prompt"})
+                              "add_generation_prompt", "return_token_strs"})
     request = sb.TokenizeRequest(model_name=optional_string(document, "model"))
+    token_strs = optional_bool(document, "return_token_strs")
     # vLLM's defaults: true for a prompt; false for messages, whose template writes them.
     add_special_tokens = optional_bool(document, "add_special_tokens",
                                        default="messages" not in document)
@@ -91,16 +94,17 @@ def tokenize_request_to_pb(document: object) -> sb.TokenizeRequest:
             raise bad_request("add_generation_prompt", "must be true: the chat is rendered "
                               "up to the assistant's turn")
         request.messages.CopyFrom(chat_messages(messages))
-        return request
+        return request, token_strs
     request.text = required_string(document, "prompt")
     if document.get("add_special_tokens") is not None:
         request.add_special_tokens = add_special_tokens
-    return request
+    return request, token_strs
 
 
-def tokenize_reply(response: sb.TokenizeResponse) -> dict[str, object]:
+def tokenize_reply(response: sb.TokenizeResponse, token_strs: bool) -> dict[str, object]:
     return {"count": len(response.ids), "max_model_len": response.max_sequence_length,
-            "tokens": list(response.ids), "token_strs": None}
+            "tokens": list(response.ids),
+            "token_strs": list(response.vocabulary_strings) if token_strs else None}
 
 
 def detokenize_request_to_pb(document: object) -> sb.DetokenizeRequest:

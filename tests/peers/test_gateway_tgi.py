@@ -335,6 +335,10 @@ def test_vllm_tokenize_of_a_prompt_and_of_messages(gateway, client_files) -> Non
         (len(PROMPT_IDS), PROMPT_IDS, None)
     _, info = request(base, client_files, "/info")
     assert reply["max_model_len"] == info["max_total_tokens"]
+    status, spelled = request(base, client_files, "/tokenize",
+                              {"prompt": PROMPT, "return_token_strs": True})
+    assert status == 200, spelled
+    assert spelled["token_strs"] == ["The", "Ġcapital", "Ġof", "ĠFrance", "Ġis"]
     messages = [{"role": "user", "content": PROMPT}]
     status, chat = request(base, client_files, "/tokenize", {"messages": messages})
     assert status == 200, chat

@@ -1003,18 +1003,26 @@ def test_tokens_without_spans_have_no_characters_as_in_tgi() -> None:
 
 
 def test_vllm_tokenize_of_a_prompt() -> None:
-    request = vllm.tokenize_request_to_pb({"model": "smollm2", "prompt": "Hi",
-                                           "add_special_tokens": False})
-    assert (request.model_name, request.text, request.add_special_tokens) == \
-        ("smollm2", "Hi", False)
-    assert not vllm.tokenize_request_to_pb({"prompt": "Hi"}).HasField("add_special_tokens")
-    response = sb.TokenizeResponse(ids=[7, 8], max_sequence_length=2048)
-    assert vllm.tokenize_reply(response) == {"count": 2, "max_model_len": 2048,
-                                             "tokens": [7, 8], "token_strs": None}
+    request, token_strs = vllm.tokenize_request_to_pb({"model": "smollm2", "prompt": "Hi",
+                                                       "add_special_tokens": False})
+    assert (request.model_name, request.text, request.add_special_tokens, token_strs) == \
+        ("smollm2", "Hi", False, False)
+    assert not vllm.tokenize_request_to_pb({"prompt": "Hi"})[0].HasField("add_special_tokens")
+    response = sb.TokenizeResponse(ids=[7, 8], max_sequence_length=2048,
+                                   texts=["a", " b"], vocabulary_strings=["a", "Ġb"])
+    assert vllm.tokenize_reply(response, False) == {"count": 2, "max_model_len": 2048,
+                                                    "tokens": [7, 8], "token_strs": None}
+
+
+def test_vllm_tokenize_gives_the_vocabulary_strings_when_asked() -> None:
+    _, token_strs = vllm.tokenize_request_to_pb({"prompt": "Hi", "return_token_strs": True})
+    response = sb.TokenizeResponse(ids=[7, 8], texts=["a", " b"],
+                                   vocabulary_strings=["a", "Ġb"])
+    assert vllm.tokenize_reply(response, token_strs)["token_strs"] == ["a", "Ġb"]
 
 
 def test_vllm_tokenize_of_messages() -> None:
-    request = vllm.tokenize_request_to_pb({
+    request, _ = vllm.tokenize_request_to_pb({
         "messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
         "add_generation_prompt": True, "add_special_tokens": False})
     assert [(m.role, m.content) for m in request.messages.messages] == [("user", "Hi")]
@@ -1029,7 +1037,7 @@ def test_vllm_tokenize_of_messages() -> None:
     ({"messages": [{"role": "user", "content": "Hi"}], "add_generation_prompt": False},
      "add_generation_prompt"),
     ({"messages": [{"content": "Hi"}]}, "messages[0].role"),
-    ({"prompt": "Hi", "return_token_strs": True}, "return_token_strs"),
+    ({"prompt": "Hi", "return_token_strs": 1}, "return_token_strs"),
 ])
 def test_vllm_tokenize_refusals_name_the_field(body: dict, field: str) -> None:
     assert refused(vllm.tokenize_request_to_pb, body).field == field
