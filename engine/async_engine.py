@@ -159,8 +159,12 @@ class AsyncEngine:
                                    return_offsets_mapping=True)
         return encoding.input_ids, [tuple(span) for span in encoding.offset_mapping]
 
-    def encode_chat(self, messages: Sequence[ChatMessage]) -> list[int]:
+    def render_chat(self, messages: Sequence[ChatMessage]) -> str:
+        """The conversation as the chat template writes it (see `chat.py`)."""
         return render_chat(self._tokenizer, messages)
+
+    def encode_chat(self, messages: Sequence[ChatMessage]) -> list[int]:
+        return self._tokenizer(self.render_chat(messages), add_special_tokens=False).input_ids
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self._tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)

@@ -18,11 +18,9 @@ class ChatMessage:
     content: str
 
 
-def render_chat(tokenizer: object, messages: Sequence[ChatMessage]) -> list[int]:
-    """Token ids of the conversation, ending with the opening of the assistant's turn.
-
-    The template writes the special tokens itself, so the tokenizer adds none.
-    """
+def render_chat(tokenizer: object, messages: Sequence[ChatMessage]) -> str:
+    """The conversation as the model's chat template writes it, special tokens included,
+    ending with the opening of the assistant's turn (tokenize it without adding any)."""
     if not messages:
         raise InvalidRequest("messages", "must contain at least one message")
     for index, message in enumerate(messages):
@@ -32,9 +30,8 @@ def render_chat(tokenizer: object, messages: Sequence[ChatMessage]) -> list[int]
     if not getattr(tokenizer, "chat_template", None):
         raise InvalidRequest("messages", "the model has no chat template; send a plain prompt")
     try:
-        text = tokenizer.apply_chat_template(
+        return tokenizer.apply_chat_template(
             [{"role": m.role, "content": m.content} for m in messages],
             add_generation_prompt=True, tokenize=False)
     except TemplateError as error:
         raise InvalidRequest("messages", f"the model's chat template refused them: {error}") from None
-    return tokenizer(text, add_special_tokens=False).input_ids

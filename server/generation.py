@@ -58,15 +58,9 @@ class GenerationServicer(sb_grpc.GenerationServicer):
         engine = self._engine(request.model_name)
         response = sb.TokenizeResponse(max_sequence_length=engine.limits.max_seq_len)
         if request.WhichOneof("prompt") == "messages":
-            ids = engine.encode_chat(_chat_messages(request.messages))
-            # The engine answers the template's tokens, not its text: the tokens decoded are
-            # that text wherever the tokenizer round-trips (byte-level BPE does), and the spans
-            # are then those of tokenizing it again.
-            response.templated_text = engine.decode(ids, skip_special_tokens=False)
-            again, spans = engine.encode_with_spans(response.templated_text,
-                                                    add_special_tokens=False)
-            if again != ids:
-                spans = []
+            response.templated_text = engine.render_chat(_chat_messages(request.messages))
+            ids, spans = engine.encode_with_spans(response.templated_text,
+                                                  add_special_tokens=False)
         else:
             add_special_tokens = (request.add_special_tokens
                                   if request.HasField("add_special_tokens") else True)

@@ -81,12 +81,9 @@ def tokenize_request_to_pb(document: object) -> sb.TokenizeRequest:
 
 
 def tokenize_reply(response: sb.TokenizeResponse, text: str) -> list[dict[str, object]]:
-    """TGI's tokens: each with the characters of `text` it comes from, and their offsets.
-    Without spans (a templated text that does not tokenize back into the same tokens), each
-    token has no characters, at 0, as TGI answers tokens whose offsets it lacks."""
-    spans = response.spans or [sb.TextSpan()] * len(response.ids)
+    """TGI's tokens: each with the characters of `text` it comes from, and their offsets."""
     return [{"id": token_id, "text": text[span.start:span.stop], "start": span.start,
-             "stop": span.stop} for token_id, span in zip(response.ids, spans)]
+             "stop": span.stop} for token_id, span in zip(response.ids, response.spans)]
 
 
 def chat_tokenize_request_to_pb(document: object) -> sb.TokenizeRequest:

@@ -995,13 +995,6 @@ def test_tgi_chat_tokenize_answers_tokens_in_the_templated_text() -> None:
         "templated_text": text}
 
 
-def test_tokens_without_spans_have_no_characters_as_in_tgi() -> None:
-    """TGI's answer for tokens whose offsets it lacks: empty text at 0."""
-    response = sb.TokenizeResponse(ids=[1, 2], templated_text="ab")
-    assert tgi.chat_tokenize_reply(response)["tokenize_response"] == [
-        {"id": 1, "text": "", "start": 0, "stop": 0}, {"id": 2, "text": "", "start": 0, "stop": 0}]
-
-
 def test_vllm_tokenize_of_a_prompt() -> None:
     request, token_strs = vllm.tokenize_request_to_pb({"model": "smollm2", "prompt": "Hi",
                                                        "add_special_tokens": False})
