@@ -23,6 +23,8 @@ class SamplingParams:
     prompt_logprobs: report each prompt token's log-probability under the model (TGI's
     decoder_input_details) on the first token event; such a request reuses no cached prefix,
     since every prompt position must be computed.
+    logit_bias: (token id, bias) pairs added to the logits before a token is chosen, after the
+    penalties (OpenAI's logit_bias); log-probabilities stay the model's own.
     """
 
     do_sample: bool
@@ -44,6 +46,7 @@ class SamplingParams:
     n: int = 1
     best_of: int = 1
     prompt_logprobs: bool = False
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,6 @@
 """Turns one step's logits into the next token of every request that samples.
 
-Penalties and min-token masks apply row by row; greedy rows are one argmax for the batch.
+Penalties, logit biases and min-token masks apply row by row; greedy rows are one argmax for the batch.
 Sampled rows follow transformers' order (temperature, top-k, top-p, typical-p) and draw
 with the exponential race (argmax of p / Exp(1) noise, equivalent to drawing from p) from
 the request's own seeded generator, so a seed reproduces its output whatever else runs.
@@ -44,6 +44,7 @@ def sample_batch(logits: torch.Tensor, requests: Sequence[Request],
         raw_logprobs = (torch.log_softmax(host_row, dim=-1) if params.logprobs is not None
                         else None)
         _apply_penalties(host_row, request)
+        _apply_logit_bias(host_row, params)
         _mask_early_stops(host_row, request, eos_token_ids)
         token = (sample_row(host_row, params, request.generator) if params.do_sample
                  else int(host_row.argmax()))
@@ -55,7 +56,8 @@ def sample_batch(logits: torch.Tensor, requests: Sequence[Request],
 def _needs_row_work(request: Request, eos_token_ids: Collection[int]) -> bool:
     params = request.spec.sampling
     return (params.do_sample or params.logprobs is not None or params.repetition_penalty != 1.0
-            or _has_count_penalties(request) or bool(_early_stops(request, eos_token_ids)))
+            or bool(params.logit_bias) or _has_count_penalties(request)
+            or bool(_early_stops(request, eos_token_ids)))
 
 
 def _has_count_penalties(request: Request) -> bool:
@@ -99,6 +101,12 @@ def _apply_penalties(logits: torch.Tensor, request: Request) -> None:
         counts = torch.bincount(torch.tensor(request.output_token_ids),
                                 minlength=logits.numel()).to(logits.dtype)
         logits -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0)
+
+
+def _apply_logit_bias(logits: torch.Tensor, params: SamplingParams) -> None:
+    if params.logit_bias:
+        token_ids, biases = zip(*params.logit_bias)
+        logits.index_add_(0, torch.tensor(token_ids), torch.tensor(biases, dtype=logits.dtype))
 
 
 def _mask_early_stops(logits: torch.Tensor, request: Request,

@@ -68,6 +68,8 @@ INT_RANGES: dict[str, Interval] = {
     "best_of": Interval(1, MAX_SEQUENCES),
     "truncate": Interval(1, INT32_MAX),
 }
+# OpenAI's range for a token's logit bias.
+LOGIT_BIAS_RANGE = Interval(-100.0, 100.0)
 BOOL_PARAMS = ("do_sample", "watermark", "ignore_eos", "logprobs", "prompt_logprobs",
                "include_stop_str_in_output")
 # Accepted for compatibility with MindIE's text interface; they change nothing in generation.
@@ -76,7 +78,7 @@ IGNORED_PARAMS = frozenset({"details", "perf_stat", "batch_size"})
 # "absent → decided by the other parameters").
 SAMPLING_HINTS = ("temperature", "top_k", "top_p", "typical_p")
 SUPPORTED_PARAMS = frozenset(FLOAT_RANGES) | frozenset(INT_RANGES) | frozenset(BOOL_PARAMS) \
-    | IGNORED_PARAMS | {"stop", "stop_token_ids"}
+    | IGNORED_PARAMS | {"stop", "stop_token_ids", "logit_bias"}
 
 
 def build_request(request_id: str, prompt_token_ids: Sequence[int],
@@ -135,6 +137,7 @@ def build_request(request_id: str, prompt_token_ids: Sequence[int],
         n=n,
         best_of=best_of,
         prompt_logprobs=bool(bools["prompt_logprobs"]),
+        logit_bias=_logit_bias(parameters, limits),
     )
     return GenerationRequest(
         request_id=request_id,
@@ -154,6 +157,35 @@ def _stop_token_ids(parameters: Mapping[str, object], limits: EngineLimits) -> f
         raise InvalidRequest("stop_token_ids", "must be a list of token ids")
     check_vocabulary("stop_token_ids", value, limits)
     return frozenset(value)
+
+
+def _logit_bias(parameters: Mapping[str, object], limits: EngineLimits
+                ) -> tuple[tuple[int, float], ...]:
+    """OpenAI's logit_bias: an object from token ids (JSON keys are strings) to biases."""
+    value = parameters.get("logit_bias")
+    if value is None:
+        return ()
+    if not isinstance(value, Mapping):
+        raise InvalidRequest("logit_bias", f"must be an object mapping token ids to biases in "
+                             f"{LOGIT_BIAS_RANGE}; got {value!r}")
+    biases: list[tuple[int, float]] = []
+    for key, bias in value.items():
+        token_id = _token_id_key(key)
+        if isinstance(bias, bool) or not isinstance(bias, int | float) \
+                or bias not in LOGIT_BIAS_RANGE:
+            raise InvalidRequest("logit_bias", f"the bias of token {token_id} must be a number "
+                                 f"in {LOGIT_BIAS_RANGE}; got {bias!r}")
+        biases.append((token_id, float(bias)))
+    check_vocabulary("logit_bias", [token_id for token_id, _ in biases], limits)
+    return tuple(biases)
+
+
+def _token_id_key(key: object) -> int:
+    if isinstance(key, int) and not isinstance(key, bool):
+        return key
+    if isinstance(key, str) and key.isascii() and key.isdecimal():
+        return int(key)
+    raise InvalidRequest("logit_bias", f"keys must be token ids; got {key!r}")
 
 
 def _validate_prompt(token_ids: Sequence[int], limits: EngineLimits) -> tuple[int, ...]:

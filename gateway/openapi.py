@@ -119,6 +119,7 @@ TOKEN_ID = integer(0, UINT32_MAX)
 POSITIVE = number(0, low_open=True)
 PROBABILITY = number(0, 1, low_open=True)
 PENALTY = number(-2, 2)
+LOGIT_BIAS = number(-100, 100)  # a token's, keyed by its id
 SEED = integer(1, UINT64_MAX)
 MAX_NEW_TOKENS = integer(1, INT32_MAX)
 MIN_NEW_TOKENS = integer(0, INT32_MAX)
@@ -164,7 +165,7 @@ OPENAI_SAMPLING: dict[str, JSON] = {
 OPENAI_COMMON: dict[str, JSON] = {
     **OPENAI_SAMPLING, "model": STRING, "max_tokens": MAX_NEW_TOKENS, "stream": BOOLEAN,
     "stream_options": obj({"include_usage": nullable(BOOLEAN)}),
-    "logit_bias": {"type": "object", "maxProperties": 0},
+    "logit_bias": {"type": "object", "additionalProperties": LOGIT_BIAS},
     # Accepted, without effect.
     "user": STRING, "store": BOOLEAN, "metadata": {"type": "object"}, "service_tier": STRING,
     "parallel_tool_calls": BOOLEAN,

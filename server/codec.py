@@ -31,8 +31,11 @@ FINAL_RESPONSE_PARAMETER = "triton_final_response"
 TRITON_RESERVED_PARAMETERS = frozenset({"sequence_id", "sequence_start", "sequence_end", "headers",
                                         "binary_data_output"})
 MICROSECONDS = 1_000_000
-# Parameters that take several values: sent as a JSON array in a string_param.
-LIST_PARAMETERS = ("stop", "stop_token_ids")
+# Parameters whose values InferParameter has no type for, sent as JSON in a string_param:
+# several values as an array, OpenAI's logit_bias ({"token id": bias}) as an object. Each is
+# decoded where the string opens as its JSON would.
+JSON_PARAMETERS = {"stop": "array", "stop_token_ids": "array", "logit_bias": "object"}
+JSON_OPENINGS = {"array": "[", "object": "{"}
 UNCARRIED_PARAMETERS = frozenset({"logprobs", "top_logprobs", "prompt_logprobs"})
 # MindIE's Triton token interface: request ids of at most 256 of these characters, and at most
 # 1024 * 1024 prompt token ids (besides maxInputTokenLen and maxSeqLen).
@@ -144,9 +147,9 @@ def parameter_values(parameters: Mapping[str, pb.InferParameter]) -> dict[str, o
             continue
         choice = parameter.WhichOneof("parameter_choice")
         values[name] = getattr(parameter, choice) if choice else None
-    for name in LIST_PARAMETERS:
-        if isinstance(values.get(name), str) and values[name].startswith("["):
-            values[name] = _json_list(name, values[name])
+    for name, kind in JSON_PARAMETERS.items():
+        if isinstance(values.get(name), str) and values[name].startswith(JSON_OPENINGS[kind]):
+            values[name] = _json_value(name, values[name], kind)
     if values.get("priority") == 0:
         del values["priority"]
     timeout = values.pop("timeout", None)
@@ -157,16 +160,13 @@ def parameter_values(parameters: Mapping[str, pb.InferParameter]) -> dict[str, o
     return values
 
 
-def _json_list(name: str, text: str) -> list[object]:
-    """A list parameter as a JSON array: InferParameter has no list type, so several values
-    travel as one JSON-encoded string. Element types are checked by the engine's validation."""
+def _json_value(name: str, text: str, kind: str) -> object:
+    """A JSON_PARAMETERS value decoded; what it holds is checked by the engine's validation."""
     try:
-        value = json.loads(text)
+        return json.loads(text)
     except json.JSONDecodeError as error:
-        raise InvalidRequest(name, f"starts with '[' but is not a JSON array: {error}") from None
-    if not isinstance(value, list):
-        raise InvalidRequest(name, "must be a JSON array")
-    return value
+        raise InvalidRequest(name, f"starts with '{JSON_OPENINGS[kind]}' but is not a JSON "
+                             f"{kind}: {error}") from None
 
 
 def aggregate(outputs: Iterable[RequestOutput]) -> InferResult:

@@ -6,7 +6,7 @@ Chat messages are rendered with the model's chat template on the server. `temper
 means greedy; absent, the request samples at temperature 1 (OpenAI's default). Without
 `max_tokens`, generation runs to the end of the turn within the server's limits (maxIterTimes,
 maxSeqLen). vLLM's sampling extras (top_k, repetition_penalty, min_tokens, ignore_eos,
-stop_token_ids) are accepted too.
+stop_token_ids) are accepted too, and so is `logit_bias` ({"token id": bias in [-100, 100]}).
 
 A `model` naming another model than the served one is refused with 404, as vLLM does, except
 the names TGI's clients send for "the model this server runs" (TGI ignores the field): "tgi",
@@ -16,6 +16,7 @@ InferenceClient sends to a server given by its URL.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Mapping
@@ -150,8 +151,6 @@ def completion_request_to_pb(document: object) -> tuple[list[Call], OpenAIOption
 def _checked(document: object, fields: frozenset[str]) -> dict[str, object]:
     document = require_object(document, "the body")
     refuse_unknown(document, fields)
-    if document.get("logit_bias"):
-        raise bad_request("logit_bias", "is not supported")
     return document
 
 
@@ -163,6 +162,9 @@ def _model(document: Mapping[str, object]) -> str:
 
 def _sampling(document: Mapping[str, object]) -> dict[str, object]:
     values = renamed({name: document.get(name) for name in SAMPLING_FIELDS}, NAMES)
+    if document.get("logit_bias") is not None:
+        # An object, which a parameter carries as JSON text (the server checks its entries).
+        values["logit_bias"] = json.dumps(require_object(document["logit_bias"], "logit_bias"))
     temperature = values.get("temperature")
     if temperature == 0:
         del values["temperature"]

@@ -20,6 +20,7 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 FRANCE = "The capital of France is"
 ITALY = "The capital of Italy is"
 FRANCE_PROMPT_TOKENS = 5  # [504, 3575, 282, 4649, 314] in SmolLM2's vocabulary
+PARIS, LONDON = "7042", "4528"  # " Paris" and " London" in SmolLM2's vocabulary
 SLOTS_BACK_WITHIN_S = 3.0
 
 
@@ -177,6 +178,25 @@ def test_completion_of_two_prompts_answers_each_in_order(client, greedy_completi
     assert france.text == greedy_completion.choices[0].text
     assert "Rome" in italy.text
     assert reply.usage.prompt_tokens == 2 * FRANCE_PROMPT_TOKENS  # both are 5 tokens
+
+
+def test_logit_bias_bans_and_forces_tokens(client, greedy_completion) -> None:
+    assert greedy_completion.choices[0].text.startswith(" Paris")
+    banned = client.completions.create(model=MODEL, prompt=FRANCE, temperature=0, max_tokens=4,
+                                       logit_bias={PARIS: -100})
+    assert "Paris" not in banned.choices[0].text
+    forced = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0,
+                                            max_tokens=3, logit_bias={LONDON: 100})
+    assert forced.choices[0].message.content == " London London London"
+
+
+def test_logit_bias_out_of_the_vocabulary_or_range_is_refused_naming_it(client) -> None:
+    for logit_bias in ({"49152": 1}, {PARIS: 101}, {"Paris": 1}):
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.completions.create(model=MODEL, prompt=FRANCE, max_tokens=2,
+                                      logit_bias=logit_bias)
+        assert_openai_error(refused, "logit_bias")
+    assert_still_serving(client)
 
 
 def test_completion_with_echo_starts_with_the_prompt(client, greedy_completion) -> None:

@@ -217,6 +217,20 @@ def test_stop_that_starts_like_an_array_but_is_not_json_is_rejected(stop: str) -
     assert "not a JSON array" in caught.value.reason
 
 
+def test_logit_bias_travels_as_a_json_object() -> None:
+    assert pb_parameters(logit_bias='{"5": -100, "7": 2.5}') == \
+        {"logit_bias": {"5": -100, "7": 2.5}}
+
+
+@pytest.mark.parametrize("logit_bias", ["{5: 1}", '{"5": 1'])
+def test_logit_bias_that_starts_like_an_object_but_is_not_json_is_rejected(logit_bias: str
+                                                                            ) -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        pb_parameters(logit_bias=logit_bias)
+    assert caught.value.field == "logit_bias"
+    assert "not a JSON object" in caught.value.reason
+
+
 def test_parameters_keep_their_types() -> None:
     values = pb_parameters(do_sample=True, top_k=5, temperature=0.5, stop="end")
     assert values == {"do_sample": True, "top_k": 5, "temperature": 0.5, "stop": "end"}

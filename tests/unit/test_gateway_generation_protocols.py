@@ -558,7 +558,7 @@ def test_chat_max_tokens_zero_is_not_unlimited() -> None:
     ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     ({"tool_choice": "auto"}, "tool_choice"),
     ({"response_format": {"type": "json_object"}}, "response_format"),
-    ({"logit_bias": {"50256": -100}}, "logit_bias"),
+    ({"logit_bias": [1]}, "logit_bias"),
     ({"functions": []}, "functions"),
     ({"echo": True}, "echo"),
     ({"stream_options": {"include_usage": True}}, "stream_options"),
@@ -572,6 +572,14 @@ def test_chat_max_tokens_zero_is_not_unlimited() -> None:
         "options-string", "include-usage-int", "logprobs-int", "model-int"])
 def test_chat_refusals_name_the_field(fields, field) -> None:
     assert refused(chat, **fields).field == field
+
+
+def test_logit_bias_travels_as_a_json_object_parameter() -> None:
+    calls, _ = chat(logit_bias={"50256": -100, "7": 2.5})
+    assert json.loads(calls[0].request.parameters["logit_bias"].string_param) == \
+        {"50256": -100, "7": 2.5}
+    calls, _ = completion(logit_bias={"7": 1})
+    assert json.loads(calls[0].request.parameters["logit_bias"].string_param) == {"7": 1}
 
 
 def test_chat_accepts_what_means_no_tools_and_plain_text() -> None:
@@ -659,7 +667,7 @@ def test_completion_bad_prompt_is_refused(prompt) -> None:
     ({"messages": [USER]}, "messages"),
     ({"max_completion_tokens": 5}, "max_completion_tokens"),
     ({"max_tokens": "5"}, "max_tokens"),
-    ({"logit_bias": {"1": 1}}, "logit_bias"),
+    ({"logit_bias": "1"}, "logit_bias"),
     ({"echo": "yes"}, "echo"),
     ({"stream_options": {"include_usage": True}}, "stream_options"),
 ])

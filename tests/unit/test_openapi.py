@@ -141,6 +141,8 @@ def test_shared_ranges_are_the_engines() -> None:
         interval = validation.INT_RANGES[name]
         assert (schema["minimum"], schema["maximum"]) == (interval.low, interval.high), name
     assert openapi.STOP["oneOf"][1]["maxItems"] == validation.MAX_STOP_SEQUENCES
+    bias = validation.LOGIT_BIAS_RANGE
+    assert (openapi.LOGIT_BIAS["minimum"], openapi.LOGIT_BIAS["maximum"]) == (bias.low, bias.high)
 
 
 # --- OpenAPI 3.0.3 structure ------------------------------------------------------------------

@@ -180,6 +180,22 @@ def test_min_new_tokens_masks_eos_for_sampled_rows_too() -> None:
     assert EOS not in [pick([0.0, 0.0, 0.0, 5.0], early) for _ in range(50)]
 
 
+def test_logit_bias_moves_greedy_choice_and_leaves_the_logprobs_the_models() -> None:
+    logits = [2.0, 1.5, 0.0]
+    assert pick(logits, request(logit_bias=((2, 2.5),))) == 2        # 0.0 + 2.5 > 2.0
+    assert pick(logits, request(logit_bias=((0, -100.0),))) == 1     # the argmax banned
+    assert pick(logits, request(logit_bias=((2, 1.0), (2, 1.5)))) == 2  # biases add up
+    [(token, logprob)] = sample_batch(torch.tensor([logits]), [
+        request(logit_bias=((2, 100.0),), logprobs=0)], {EOS})
+    assert token == 2
+    assert logprob.logprob == pytest.approx(float(torch.log_softmax(torch.tensor(logits), 0)[2]))
+
+
+def test_logit_bias_applies_to_sampling_too() -> None:
+    banned = request(do_sample=True, logit_bias=((0, -100.0), (1, -100.0)))
+    assert {pick([1.0, 1.0, 1.0], banned) for _ in range(20)} == {2}
+
+
 def test_no_logprobs_unless_asked() -> None:
     assert sample_batch(torch.tensor([[0.0, 1.0]]), [request(logprobs=None)], {EOS}) == \
         [(1, None)]

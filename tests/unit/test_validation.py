@@ -322,6 +322,34 @@ def test_invalid_stop_token_ids_are_rejected(stop_token_ids: object, reason: str
     assert reason in error.reason
 
 
+@pytest.mark.parametrize(("logit_bias", "expected"), [
+    ({"5": 100, "7": -100.0}, ((5, 100.0), (7, -100.0))),
+    ({"0": 0.5}, ((0, 0.5),)),
+    ({}, ()),
+])
+def test_logit_bias_maps_vocabulary_ids_to_biases(logit_bias: object,
+                                                  expected: tuple[tuple[int, float], ...]) -> None:
+    assert build({"logit_bias": logit_bias}).sampling.logit_bias == expected
+    assert build().sampling.logit_bias == ()
+
+
+@pytest.mark.parametrize(("logit_bias", "reason"), [
+    ([5, 1], "must be an object mapping token ids to biases in [-100, 100]"),
+    ("5", "must be an object mapping token ids to biases"),
+    ({"a": 1}, "keys must be token ids; got 'a'"),
+    ({"-1": 1}, "keys must be token ids; got '-1'"),
+    ({"5": 100.5}, "the bias of token 5 must be a number in [-100, 100]; got 100.5"),
+    ({"5": "1"}, "the bias of token 5 must be a number in [-100, 100]"),
+    ({"5": True}, "the bias of token 5 must be a number in [-100, 100]"),
+    ({"5": float("nan")}, "the bias of token 5 must be a number in [-100, 100]"),
+    ({"3": 1, "100": 1}, "token id 100 at position 1 is outside the vocabulary [0, 100)"),
+])
+def test_invalid_logit_bias_is_rejected(logit_bias: object, reason: str) -> None:
+    error = rejection({"logit_bias": logit_bias})
+    assert error.field == "logit_bias"
+    assert reason in error.reason
+
+
 @pytest.mark.parametrize(("parameters", "expected"), [
     ({}, None),
     ({"logprobs": False}, None),
