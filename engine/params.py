@@ -12,7 +12,7 @@ DEFAULT_TIMEOUT_S = 600.0
 class SamplingParams:
     """Sampling semantics follow MindIE's parameter table.
 
-    top_k == 0 means no top-k cut; max_new_tokens is already capped by maxIterTimes and by
+    top_k == 0 means no top-k cut, min_p == 0 no min-p cut; max_new_tokens is already capped by maxIterTimes and by
     what fits in maxSeqLen after the prompt; seed is always set (drawn when absent).
     Presence and frequency penalties (OpenAI's) apply to generated tokens; the repetition
     penalty (CTRL's) to prompt and generated tokens. Before min_new_tokens are generated,
@@ -34,6 +34,7 @@ class SamplingParams:
     top_k: int = 0
     top_p: float = 1.0
     typical_p: float = 1.0
+    min_p: float = 0.0
     repetition_penalty: float = 1.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0

@@ -1,13 +1,14 @@
 """Turns one step's logits into the next token of every request that samples.
 
 Penalties, logit biases and min-token masks apply row by row; greedy rows are one argmax for the batch.
-Sampled rows follow transformers' order (temperature, top-k, top-p, typical-p) and draw
+Sampled rows follow transformers' order (temperature, top-k, top-p, min-p, typical-p) and draw
 with the exponential race (argmax of p / Exp(1) noise, equivalent to drawing from p) from
 the request's own seeded generator, so a seed reproduces its output whatever else runs.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Sequence
 
 import torch
@@ -82,6 +83,8 @@ def sample_row(logits: torch.Tensor, params: SamplingParams, generator: torch.Ge
         logits = logits.masked_fill(logits < kth_largest, -torch.inf)
     if params.top_p < 1.0:
         logits = _top_p(logits, params.top_p)
+    if params.min_p > 0.0:
+        logits = _min_p(logits, params.min_p)
     if params.typical_p < 1.0:
         logits = _typical_p(logits, params.typical_p)
     probs = torch.softmax(logits, dim=-1)
@@ -129,6 +132,12 @@ def _top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     drop_sorted = probs.cumsum(dim=-1) - probs >= top_p
     drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
     return logits.masked_fill(drop, -torch.inf)
+
+
+def _min_p(logits: torch.Tensor, min_p: float) -> torch.Tensor:
+    """Keep the tokens at least min_p times as likely as the most likely one."""
+    log_probs = torch.log_softmax(logits, dim=-1)
+    return logits.masked_fill(log_probs < log_probs.max() + math.log(min_p), -torch.inf)
 
 
 def _typical_p(logits: torch.Tensor, typical_p: float) -> torch.Tensor:

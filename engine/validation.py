@@ -52,6 +52,7 @@ FLOAT_RANGES: dict[str, Interval] = {
     "temperature": Interval(0.0, math.inf, low_open=True, high_open=True),
     "top_p": Interval(0.0, 1.0, low_open=True),
     "typical_p": Interval(0.0, 1.0, low_open=True),
+    "min_p": Interval(0.0, 1.0),
     "repetition_penalty": Interval(0.0, math.inf, low_open=True, high_open=True),
     "timeout": Interval(0.0, MAX_TIMEOUT_S, low_open=True),
     "presence_penalty": Interval(-2.0, 2.0),
@@ -76,7 +77,7 @@ BOOL_PARAMS = ("do_sample", "watermark", "ignore_eos", "logprobs", "prompt_logpr
 IGNORED_PARAMS = frozenset({"details", "perf_stat", "batch_size"})
 # Present with one of these, and without do_sample, the request samples (MindIE: do_sample
 # "absent → decided by the other parameters").
-SAMPLING_HINTS = ("temperature", "top_k", "top_p", "typical_p")
+SAMPLING_HINTS = ("temperature", "top_k", "top_p", "typical_p", "min_p")
 SUPPORTED_PARAMS = frozenset(FLOAT_RANGES) | frozenset(INT_RANGES) | frozenset(BOOL_PARAMS) \
     | IGNORED_PARAMS | {"stop", "stop_token_ids", "logit_bias"}
 
@@ -125,6 +126,7 @@ def build_request(request_id: str, prompt_token_ids: Sequence[int],
         top_k=ints["top_k"] or 0,
         top_p=floats["top_p"] or 1.0,
         typical_p=floats["typical_p"] or 1.0,
+        min_p=floats["min_p"] or 0.0,
         repetition_penalty=floats["repetition_penalty"] or 1.0,
         presence_penalty=floats["presence_penalty"] or 0.0,
         frequency_penalty=floats["frequency_penalty"] or 0.0,

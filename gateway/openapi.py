@@ -138,8 +138,8 @@ SSE: JSON = {SSE_CONTENT_TYPE.split(";")[0]: {"schema": obj({"data": STRING, "ev
 # MindIE's REST units: priority 1-5, timeout in seconds.
 PARAMETERS: dict[str, JSON] = {
     "do_sample": BOOLEAN, "temperature": POSITIVE, "top_k": TOP_K, "top_p": PROBABILITY,
-    "typical_p": PROBABILITY, "repetition_penalty": POSITIVE, "presence_penalty": PENALTY,
-    "frequency_penalty": PENALTY, "seed": SEED, "max_new_tokens": MAX_NEW_TOKENS,
+    "typical_p": PROBABILITY, "min_p": number(0, 1), "repetition_penalty": POSITIVE,
+    "presence_penalty": PENALTY, "frequency_penalty": PENALTY, "seed": SEED, "max_new_tokens": MAX_NEW_TOKENS,
     "min_new_tokens": MIN_NEW_TOKENS, "ignore_eos": BOOLEAN, "stop": STOP,
     "stop_token_ids": array(TOKEN_ID), "priority": integer(1, 5),
     "timeout": number(0, MAX_TIMEOUT_S, low_open=True), "watermark": only(False, BOOLEAN),
@@ -159,7 +159,8 @@ TGI_PARAMETERS: dict[str, JSON] = {
 OPENAI_SAMPLING: dict[str, JSON] = {
     "temperature": number(0), "top_p": PROBABILITY, "n": SEQUENCES, "stop": STOP,
     "seed": SEED, "presence_penalty": PENALTY, "frequency_penalty": PENALTY, "top_k": TOP_K,
-    "repetition_penalty": POSITIVE, "min_tokens": MIN_NEW_TOKENS, "ignore_eos": BOOLEAN,
+    "min_p": number(0, 1), "repetition_penalty": POSITIVE, "min_tokens": MIN_NEW_TOKENS,
+    "ignore_eos": BOOLEAN,
     "stop_token_ids": array(TOKEN_ID),
 }
 OPENAI_COMMON: dict[str, JSON] = {
@@ -212,7 +213,8 @@ REQUESTS: dict[str, JSON] = {
         "stream": BOOLEAN, "best_of": SEQUENCES, "top_k": integer(-1, INT32_MAX),
         "max_tokens": MAX_NEW_TOKENS, **{name: OPENAI_SAMPLING[name] for name in (
             "n", "presence_penalty", "frequency_penalty", "repetition_penalty", "temperature",
-            "top_p", "seed", "stop", "stop_token_ids", "ignore_eos", "min_tokens")}})},
+            "top_p", "min_p", "seed", "stop", "stop_token_ids", "ignore_eos",
+            "min_tokens")}})},
         ["prompt"], closed=True),
     "ChatCompletionRequest": obj({
         **optional(OPENAI_COMMON), "messages": array(MESSAGE, minItems=1),

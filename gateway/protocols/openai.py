@@ -5,7 +5,7 @@
 Chat messages are rendered with the model's chat template on the server. `temperature` 0
 means greedy; absent, the request samples at temperature 1 (OpenAI's default). Without
 `max_tokens`, generation runs to the end of the turn within the server's limits (maxIterTimes,
-maxSeqLen). vLLM's sampling extras (top_k, repetition_penalty, min_tokens, ignore_eos,
+maxSeqLen). vLLM's sampling extras (top_k, min_p, repetition_penalty, min_tokens, ignore_eos,
 stop_token_ids) are accepted too, and so is `logit_bias` ({"token id": bias in [-100, 100]}).
 
 A `model` naming another model than the served one is refused with 404, as vLLM does, except
@@ -40,8 +40,8 @@ CHAT_NAMES_NEW_MAX = {**CHAT_NAMES, "max_completion_tokens": "max_new_tokens"}
 CHAT_NAMES_NEW_MAX.pop("max_tokens")
 COMPLETION_NAMES = {**NAMES, "logprobs": "top_logprobs"}
 SAMPLING_FIELDS = frozenset({"temperature", "top_p", "n", "stop", "seed", "presence_penalty",
-                             "frequency_penalty", "top_k", "repetition_penalty", "min_tokens",
-                             "ignore_eos", "stop_token_ids"})
+                             "frequency_penalty", "top_k", "min_p", "repetition_penalty",
+                             "min_tokens", "ignore_eos", "stop_token_ids"})
 # `model` values meaning the served model (see the module's docstring).
 SERVED_MODEL_PLACEHOLDERS = frozenset({"tgi", "dummy"})
 # Accepted and without effect here (OpenAI's bookkeeping fields).

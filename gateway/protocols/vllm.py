@@ -38,8 +38,9 @@ DETOKENIZE_NAMES = {"tokens": "token_ids"}
 # TGI's statuses (the route is shared), but a full queue is 503: 429 is TGI's alone.
 HTTP_STATUS = {**TGI_HTTP_STATUS, grpc.StatusCode.RESOURCE_EXHAUSTED: 503}
 SAMPLING_FIELDS = frozenset({"n", "best_of", "presence_penalty", "frequency_penalty",
-                             "repetition_penalty", "temperature", "top_p", "top_k", "seed", "stop",
-                             "stop_token_ids", "ignore_eos", "max_tokens", "min_tokens"})
+                             "repetition_penalty", "temperature", "top_p", "top_k", "min_p",
+                             "seed", "stop", "stop_token_ids", "ignore_eos", "max_tokens",
+                             "min_tokens"})
 
 
 def generate_request_to_pb(document: object) -> tuple[sb.GenerateRequest, str, bool, float]:

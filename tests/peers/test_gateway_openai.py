@@ -180,6 +180,15 @@ def test_completion_of_two_prompts_answers_each_in_order(client, greedy_completi
     assert reply.usage.prompt_tokens == 2 * FRANCE_PROMPT_TOKENS  # both are 5 tokens
 
 
+def test_min_p_1_samples_only_the_most_likely_token(client, greedy_chat) -> None:
+    """vLLM's min_p: at 1 only the most likely token is left to draw, at any temperature."""
+    for seed in (1, 2):
+        sampled = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=1.5,
+                                                 max_tokens=16, seed=seed,
+                                                 extra_body={"min_p": 1.0})
+        assert sampled.choices[0].message.content == greedy_chat.choices[0].message.content
+
+
 def test_logit_bias_bans_and_forces_tokens(client, greedy_completion) -> None:
     assert greedy_completion.choices[0].text.startswith(" Paris")
     banned = client.completions.create(model=MODEL, prompt=FRANCE, temperature=0, max_tokens=4,

@@ -499,7 +499,7 @@ def test_chat_request_translates_messages_and_parameters() -> None:
                      {"role": "assistant", "content": None}],
         "temperature": 0.5, "top_p": 0.9, "n": 2, "stop": ["\n"], "seed": 1, "max_tokens": 30,
         "logprobs": True, "top_logprobs": 3, "user": "u-1", "min_tokens": 2,
-        "presence_penalty": 0.5})
+        "presence_penalty": 0.5, "min_p": 0.05})
     (call,) = calls
     request = call.request
     assert call.prompt_text is None
@@ -508,7 +508,8 @@ def test_chat_request_translates_messages_and_parameters() -> None:
         [("system", "Be brief."), ("user", "Hi\nthere"), ("assistant", "")]
     assert params(request) == {"temperature": 0.5, "top_p": 0.9, "n": 2, "stop": '["\\n"]',
                                "seed": 1, "max_new_tokens": 30, "logprobs": True,
-                               "top_logprobs": 3, "min_new_tokens": 2, "presence_penalty": 0.5}
+                               "top_logprobs": 3, "min_new_tokens": 2, "presence_penalty": 0.5,
+                               "min_p": 0.05}
     assert (options.kind, options.model, options.n, options.logprobs, options.stream,
             options.echo) == ("chat.completion", "smollm2", 2, True, False, False)
     assert options.response_id.startswith("chatcmpl-")
@@ -898,13 +899,13 @@ def test_vllm_request_translates_parameters() -> None:
     request, prompt, stream, deadline_s = vllm.generate_request_to_pb({
         "prompt": "Hi", "stream": True, "n": 2, "max_tokens": 8, "min_tokens": 1,
         "temperature": 0.8, "top_k": -1, "top_p": 0.9, "stop": ["x"], "ignore_eos": True,
-        "stop_token_ids": [2], "seed": 4, "best_of": 3, "presence_penalty": 0.1})
+        "stop_token_ids": [2], "seed": 4, "best_of": 3, "presence_penalty": 0.1, "min_p": 0.1})
     assert request.text == "Hi" and request.model_name == ""
     assert (prompt, stream, deadline_s) == ("Hi", True, 600.0)
     assert params(request) == {"n": 2, "max_new_tokens": 8, "min_new_tokens": 1,
                                "temperature": 0.8, "do_sample": True, "top_k": 0, "top_p": 0.9,
                                "stop": '["x"]', "ignore_eos": True, "stop_token_ids": "[2]",
-                               "seed": 4, "best_of": 3, "presence_penalty": 0.1}
+                               "seed": 4, "best_of": 3, "presence_penalty": 0.1, "min_p": 0.1}
 
 
 def test_vllm_request_defaults() -> None:

@@ -64,6 +64,16 @@ def test_top_p_keeps_the_smallest_set_that_reaches_it(top_p: float, kept: set[in
     assert set(draws(SKEWED, params(do_sample=True, top_p=top_p), 200)) == kept
 
 
+@pytest.mark.parametrize(("min_p", "kept"), [
+    (1.0, {0}),         # only the most likely token (0.5)
+    (0.5, {0, 1}),      # 0.3 ≥ 0.5 × 0.5 > 0.2
+    (0.35, {0, 1, 2}),  # 0.2 ≥ 0.35 × 0.5
+])
+def test_min_p_keeps_the_tokens_at_least_that_fraction_as_likely_as_the_top(
+        min_p: float, kept: set[int]) -> None:
+    assert set(draws(SKEWED, params(do_sample=True, min_p=min_p), 200)) == kept
+
+
 def test_typical_p_keeps_the_token_whose_surprisal_is_closest_to_the_entropy() -> None:
     assert draws(SKEWED, params(do_sample=True, typical_p=0.1), 50) == [1] * 50
 

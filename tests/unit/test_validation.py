@@ -58,6 +58,8 @@ def test_absent_seed_is_drawn_in_range_and_differs_between_requests() -> None:
     ("top_p", 1.0, "top_p", 1.0),
     ("typical_p", 1e-6, "typical_p", 1e-6),
     ("typical_p", 1, "typical_p", 1.0),
+    ("min_p", 0, "min_p", 0.0),
+    ("min_p", 1, "min_p", 1.0),
     ("repetition_penalty", 1e-6, "repetition_penalty", 1e-6),
     ("repetition_penalty", 10.0, "repetition_penalty", 10.0),
     ("seed", 1, "seed", 1),
@@ -85,6 +87,8 @@ def test_range_edges_are_accepted(name: str, value: object, attribute: str,
     ("top_p", 1.0001),
     ("typical_p", 0.0),
     ("typical_p", 1.5),
+    ("min_p", -0.1),
+    ("min_p", 1.5),
     ("repetition_penalty", 0.0),
     ("repetition_penalty", -0.5),
     ("seed", 0),
@@ -137,7 +141,7 @@ def test_unknown_parameter_is_rejected_naming_it() -> None:
 
 
 @pytest.mark.parametrize("hint", [{"temperature": 0.7}, {"top_k": 5}, {"top_p": 0.9},
-                                  {"typical_p": 0.9}])
+                                  {"typical_p": 0.9}, {"min_p": 0.1}])
 def test_sampling_parameters_without_do_sample_turn_sampling_on(hint: dict[str, object]) -> None:
     assert build(hint).sampling.do_sample is True
 
