@@ -24,7 +24,8 @@ class SamplingParams:
     decoder_input_details) on the first token event; such a request reuses no cached prefix,
     since every prompt position must be computed.
     logit_bias: (token id, bias) pairs added to the logits before a token is chosen, after the
-    penalties (OpenAI's logit_bias); log-probabilities stay the model's own.
+    penalties (OpenAI's logit_bias); allowed_token_ids: when given, the only tokens that may be
+    chosen (vLLM's); log-probabilities stay the model's own.
     """
 
     do_sample: bool
@@ -48,6 +49,7 @@ class SamplingParams:
     best_of: int = 1
     prompt_logprobs: bool = False
     logit_bias: tuple[tuple[int, float], ...] = ()
+    allowed_token_ids: frozenset[int] | None = None
 
 
 @dataclass(frozen=True, slots=True)

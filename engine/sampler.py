@@ -1,6 +1,6 @@
 """Turns one step's logits into the next token of every request that samples.
 
-Penalties, logit biases and min-token masks apply row by row; greedy rows are one argmax for the batch.
+Penalties, logit biases, allowed tokens and min-token masks apply row by row; greedy rows are one argmax for the batch.
 Sampled rows follow transformers' order (temperature, top-k, top-p, min-p, typical-p) and draw
 with the exponential race (argmax of p / Exp(1) noise, equivalent to drawing from p) from
 the request's own seeded generator, so a seed reproduces its output whatever else runs.
@@ -46,6 +46,7 @@ def sample_batch(logits: torch.Tensor, requests: Sequence[Request],
                         else None)
         _apply_penalties(host_row, request)
         _apply_logit_bias(host_row, params)
+        _allow_only(host_row, params.allowed_token_ids)
         _mask_early_stops(host_row, request, eos_token_ids)
         token = (sample_row(host_row, params, request.generator) if params.do_sample
                  else int(host_row.argmax()))
@@ -57,7 +58,8 @@ def sample_batch(logits: torch.Tensor, requests: Sequence[Request],
 def _needs_row_work(request: Request, eos_token_ids: Collection[int]) -> bool:
     params = request.spec.sampling
     return (params.do_sample or params.logprobs is not None or params.repetition_penalty != 1.0
-            or bool(params.logit_bias) or _has_count_penalties(request)
+            or bool(params.logit_bias) or params.allowed_token_ids is not None
+            or _has_count_penalties(request)
             or bool(_early_stops(request, eos_token_ids)))
 
 
@@ -110,6 +112,14 @@ def _apply_logit_bias(logits: torch.Tensor, params: SamplingParams) -> None:
     if params.logit_bias:
         token_ids, biases = zip(*params.logit_bias)
         logits.index_add_(0, torch.tensor(token_ids), torch.tensor(biases, dtype=logits.dtype))
+
+
+def _allow_only(logits: torch.Tensor, allowed: frozenset[int] | None) -> None:
+    if allowed is not None:
+        token_ids = list(allowed)
+        kept = logits[token_ids]
+        logits.fill_(-torch.inf)
+        logits[token_ids] = kept
 
 
 def _mask_early_stops(logits: torch.Tensor, request: Request,

@@ -79,7 +79,7 @@ IGNORED_PARAMS = frozenset({"details", "perf_stat", "batch_size"})
 # "absent → decided by the other parameters").
 SAMPLING_HINTS = ("temperature", "top_k", "top_p", "typical_p", "min_p")
 SUPPORTED_PARAMS = frozenset(FLOAT_RANGES) | frozenset(INT_RANGES) | frozenset(BOOL_PARAMS) \
-    | IGNORED_PARAMS | {"stop", "stop_token_ids", "logit_bias"}
+    | IGNORED_PARAMS | {"stop", "stop_token_ids", "logit_bias", "allowed_token_ids"}
 
 
 def build_request(request_id: str, prompt_token_ids: Sequence[int],
@@ -132,7 +132,7 @@ def build_request(request_id: str, prompt_token_ids: Sequence[int],
         frequency_penalty=floats["frequency_penalty"] or 0.0,
         stop=_stop_sequences(parameters),
         include_stop_str_in_output=bool(bools["include_stop_str_in_output"]),
-        stop_token_ids=_stop_token_ids(parameters, limits),
+        stop_token_ids=_token_ids(parameters, "stop_token_ids", limits) or frozenset(),
         ignore_eos=bool(bools["ignore_eos"]),
         min_new_tokens=ints["min_new_tokens"] or 0,
         logprobs=(ints["top_logprobs"] or 0) if bools["logprobs"] else None,
@@ -140,6 +140,7 @@ def build_request(request_id: str, prompt_token_ids: Sequence[int],
         best_of=best_of,
         prompt_logprobs=bool(bools["prompt_logprobs"]),
         logit_bias=_logit_bias(parameters, limits),
+        allowed_token_ids=_allowed_token_ids(parameters, limits),
     )
     return GenerationRequest(
         request_id=request_id,
@@ -150,15 +151,25 @@ def build_request(request_id: str, prompt_token_ids: Sequence[int],
     )
 
 
-def _stop_token_ids(parameters: Mapping[str, object], limits: EngineLimits) -> frozenset[int]:
-    value = parameters.get("stop_token_ids")
+def _token_ids(parameters: Mapping[str, object], name: str, limits: EngineLimits
+               ) -> frozenset[int] | None:
+    """A list of vocabulary ids (None when absent)."""
+    value = parameters.get(name)
     if value is None:
-        return frozenset()
+        return None
     if not isinstance(value, list | tuple) or not all(
             isinstance(t, int) and not isinstance(t, bool) for t in value):
-        raise InvalidRequest("stop_token_ids", "must be a list of token ids")
-    check_vocabulary("stop_token_ids", value, limits)
+        raise InvalidRequest(name, "must be a list of token ids")
+    check_vocabulary(name, value, limits)
     return frozenset(value)
+
+
+def _allowed_token_ids(parameters: Mapping[str, object], limits: EngineLimits
+                       ) -> frozenset[int] | None:
+    allowed = _token_ids(parameters, "allowed_token_ids", limits)
+    if allowed is not None and not allowed:
+        raise InvalidRequest("allowed_token_ids", "must not be empty: no token could be chosen")
+    return allowed
 
 
 def _logit_bias(parameters: Mapping[str, object], limits: EngineLimits

@@ -123,6 +123,7 @@ LOGIT_BIAS = number(-100, 100)  # a token's, keyed by its id
 SEED = integer(1, UINT64_MAX)
 MAX_NEW_TOKENS = integer(1, INT32_MAX)
 MIN_NEW_TOKENS = integer(0, INT32_MAX)
+TRUNCATE = integer(1, INT32_MAX)  # the prompt's last tokens kept
 TOP_K = integer(0, INT32_MAX)
 SEQUENCES = integer(1, MAX_SEQUENCES)
 TOP_LOGPROBS = integer(0, MAX_TOP_LOGPROBS)
@@ -150,7 +151,7 @@ TGI_PARAMETERS: dict[str, JSON] = {
     "do_sample": BOOLEAN, "max_new_tokens": MAX_NEW_TOKENS, "repetition_penalty": POSITIVE,
     "frequency_penalty": PENALTY, "return_full_text": BOOLEAN, "seed": SEED, "stop": STOP,
     "temperature": POSITIVE, "top_k": TOP_K, "top_p": PROBABILITY,
-    "truncate": integer(1, INT32_MAX), "typical_p": PROBABILITY,
+    "truncate": TRUNCATE, "typical_p": PROBABILITY,
     "watermark": only(False, BOOLEAN), "top_n_tokens": TOP_LOGPROBS,
     # Refused unless null.
     "grammar": only(None, {"type": "object"}), "adapter_id": only(None, STRING),
@@ -160,8 +161,9 @@ OPENAI_SAMPLING: dict[str, JSON] = {
     "temperature": number(0), "top_p": PROBABILITY, "n": SEQUENCES, "stop": STOP,
     "seed": SEED, "presence_penalty": PENALTY, "frequency_penalty": PENALTY, "top_k": TOP_K,
     "min_p": number(0, 1), "repetition_penalty": POSITIVE, "min_tokens": MIN_NEW_TOKENS,
-    "ignore_eos": BOOLEAN,
-    "stop_token_ids": array(TOKEN_ID),
+    "ignore_eos": BOOLEAN, "stop_token_ids": array(TOKEN_ID),
+    "allowed_token_ids": array(TOKEN_ID, minItems=1), "include_stop_str_in_output": BOOLEAN,
+    "truncate_prompt_tokens": TRUNCATE,
 }
 OPENAI_COMMON: dict[str, JSON] = {
     **OPENAI_SAMPLING, "model": STRING, "max_tokens": MAX_NEW_TOKENS, "stream": BOOLEAN,
@@ -214,7 +216,8 @@ REQUESTS: dict[str, JSON] = {
         "max_tokens": MAX_NEW_TOKENS, **{name: OPENAI_SAMPLING[name] for name in (
             "n", "presence_penalty", "frequency_penalty", "repetition_penalty", "temperature",
             "top_p", "min_p", "seed", "stop", "stop_token_ids", "ignore_eos",
-            "min_tokens")}})},
+            "min_tokens", "allowed_token_ids", "include_stop_str_in_output",
+            "truncate_prompt_tokens")}})},
         ["prompt"], closed=True),
     "ChatCompletionRequest": obj({
         **optional(OPENAI_COMMON), "messages": array(MESSAGE, minItems=1),

@@ -34,7 +34,8 @@ MICROSECONDS = 1_000_000
 # Parameters whose values InferParameter has no type for, sent as JSON in a string_param:
 # several values as an array, OpenAI's logit_bias ({"token id": bias}) as an object. Each is
 # decoded where the string opens as its JSON would.
-JSON_PARAMETERS = {"stop": "array", "stop_token_ids": "array", "logit_bias": "object"}
+JSON_PARAMETERS = {"stop": "array", "stop_token_ids": "array", "allowed_token_ids": "array",
+                   "logit_bias": "object"}
 JSON_OPENINGS = {"array": "[", "object": "{"}
 UNCARRIED_PARAMETERS = frozenset({"logprobs", "top_logprobs", "prompt_logprobs"})
 # MindIE's Triton token interface: request ids of at most 256 of these characters, and at most

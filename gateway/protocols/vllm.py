@@ -33,14 +33,16 @@ DELIMITER = b"\0"
 # JSON objects each followed by a NUL byte is no JSON document: vLLM's demo server sends no
 # content type for it; this says "bytes" rather than claiming JSON.
 STREAM_CONTENT_TYPE = "application/octet-stream"
-NAMES = {"max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens"}
+NAMES = {"max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens",
+         "truncate_prompt_tokens": "truncate"}
 DETOKENIZE_NAMES = {"tokens": "token_ids"}
 # TGI's statuses (the route is shared), but a full queue is 503: 429 is TGI's alone.
 HTTP_STATUS = {**TGI_HTTP_STATUS, grpc.StatusCode.RESOURCE_EXHAUSTED: 503}
 SAMPLING_FIELDS = frozenset({"n", "best_of", "presence_penalty", "frequency_penalty",
                              "repetition_penalty", "temperature", "top_p", "top_k", "min_p",
                              "seed", "stop", "stop_token_ids", "ignore_eos", "max_tokens",
-                             "min_tokens"})
+                             "min_tokens", "allowed_token_ids", "include_stop_str_in_output",
+                             "truncate_prompt_tokens"})
 
 
 def generate_request_to_pb(document: object) -> tuple[sb.GenerateRequest, str, bool, float]:

@@ -189,6 +189,16 @@ def test_min_p_1_samples_only_the_most_likely_token(client, greedy_chat) -> None
         assert sampled.choices[0].message.content == greedy_chat.choices[0].message.content
 
 
+def test_vllms_token_extras(client) -> None:
+    def complete(**extra_body):
+        return client.completions.create(model=MODEL, prompt=FRANCE, temperature=0,
+                                         max_tokens=3, extra_body=extra_body)
+    assert complete(allowed_token_ids=[int(LONDON)]).choices[0].text == " London London London"
+    assert complete(truncate_prompt_tokens=2).usage.prompt_tokens == 2
+    assert complete(stop=[" Paris"]).choices[0].text == ""
+    assert complete(stop=[" Paris"], include_stop_str_in_output=True).choices[0].text == " Paris"
+
+
 def test_logit_bias_bans_and_forces_tokens(client, greedy_completion) -> None:
     assert greedy_completion.choices[0].text.startswith(" Paris")
     banned = client.completions.create(model=MODEL, prompt=FRANCE, temperature=0, max_tokens=4,

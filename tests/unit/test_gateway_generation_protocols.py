@@ -575,6 +575,15 @@ def test_chat_refusals_name_the_field(fields, field) -> None:
     assert refused(chat, **fields).field == field
 
 
+@pytest.mark.parametrize("translate", [chat, completion], ids=["chat", "completion"])
+def test_vllms_token_extras_travel_under_the_servers_names(translate) -> None:
+    [call], _ = translate(allowed_token_ids=[5, 7], include_stop_str_in_output=True,
+                          truncate_prompt_tokens=100)
+    assert {name: value for name, value in params(call.request).items()
+            if name in ("allowed_token_ids", "include_stop_str_in_output", "truncate")} == {
+        "allowed_token_ids": "[5, 7]", "include_stop_str_in_output": True, "truncate": 100}
+
+
 def test_logit_bias_travels_as_a_json_object_parameter() -> None:
     calls, _ = chat(logit_bias={"50256": -100, "7": 2.5})
     assert json.loads(calls[0].request.parameters["logit_bias"].string_param) == \

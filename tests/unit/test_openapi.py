@@ -137,7 +137,7 @@ def test_request_fields_are_those_the_translator_reads(schema: str, fields: froz
 def test_shared_ranges_are_the_engines() -> None:
     for schema, name in [(openapi.SEQUENCES, "n"), (openapi.SEQUENCES, "best_of"),
                          (openapi.TOP_LOGPROBS, "top_logprobs"),
-                         (openapi.TGI_PARAMETERS["truncate"], "truncate")]:
+                         (openapi.TRUNCATE, "truncate")]:
         interval = validation.INT_RANGES[name]
         assert (schema["minimum"], schema["maximum"]) == (interval.low, interval.high), name
     assert openapi.STOP["oneOf"][1]["maxItems"] == validation.MAX_STOP_SEQUENCES

@@ -201,6 +201,12 @@ def test_logit_bias_moves_greedy_choice_and_leaves_the_logprobs_the_models() -> 
     assert logprob.logprob == pytest.approx(float(torch.log_softmax(torch.tensor(logits), 0)[2]))
 
 
+def test_allowed_token_ids_are_the_only_ones_chosen() -> None:
+    assert pick([2.0, 1.5, 0.0], request(allowed_token_ids=frozenset({1, 2}))) == 1
+    allowed = request(do_sample=True, allowed_token_ids=frozenset({0, 2}))
+    assert {pick([1.0, 5.0, 1.0], allowed) for _ in range(40)} == {0, 2}
+
+
 def test_logit_bias_applies_to_sampling_too() -> None:
     banned = request(do_sample=True, logit_bias=((0, -100.0), (1, -100.0)))
     assert {pick([1.0, 1.0, 1.0], banned) for _ in range(20)} == {2}

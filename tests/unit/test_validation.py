@@ -326,6 +326,15 @@ def test_invalid_stop_token_ids_are_rejected(stop_token_ids: object, reason: str
     assert reason in error.reason
 
 
+def test_allowed_token_ids_are_vocabulary_ids_and_not_none() -> None:
+    assert build({"allowed_token_ids": [3, 5, 3]}).sampling.allowed_token_ids == {3, 5}
+    assert build().sampling.allowed_token_ids is None
+    for value, reason in (([], "must not be empty"), ([100], "outside the vocabulary"),
+                          ("3", "must be a list of token ids")):
+        error = rejection({"allowed_token_ids": value})
+        assert error.field == "allowed_token_ids" and reason in error.reason
+
+
 @pytest.mark.parametrize(("logit_bias", "expected"), [
     ({"5": 100, "7": -100.0}, ((5, 100.0), (7, -100.0))),
     ({"0": 0.5}, ((0, 0.5),)),
