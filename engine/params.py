@@ -12,8 +12,9 @@ DEFAULT_TIMEOUT_S = 600.0
 class SamplingParams:
     """Sampling semantics follow MindIE's parameter table.
 
-    top_k == 0 means no top-k cut, min_p == 0 no min-p cut; max_new_tokens is already capped by maxIterTimes and by
-    what fits in maxSeqLen after the prompt; seed is always set (drawn when absent).
+    top_k == 0 means no top-k cut, min_p == 0 no min-p cut; max_new_tokens is already capped
+    by maxIterTimes and by what fits in maxSeqLen after the prompt; seed is always set (drawn
+    when absent).
     Presence and frequency penalties (OpenAI's) apply to generated tokens; the repetition
     penalty (CTRL's) to prompt and generated tokens. Before min_new_tokens are generated,
     neither EOS nor a stop token nor a stop string ends the request. The text ends before the

@@ -1,9 +1,10 @@
 """Turns one step's logits into the next token of every request that samples.
 
-Penalties, logit biases, allowed tokens and min-token masks apply row by row; greedy rows are one argmax for the batch.
-Sampled rows follow transformers' order (temperature, top-k, top-p, min-p, typical-p) and draw
-with the exponential race (argmax of p / Exp(1) noise, equivalent to drawing from p) from
-the request's own seeded generator, so a seed reproduces its output whatever else runs.
+Penalties, logit biases, allowed tokens and min-token masks apply row by row; greedy rows are
+one argmax for the batch. Sampled rows follow transformers' order (temperature, top-k, top-p,
+min-p, typical-p) and draw with the exponential race (argmax of p / Exp(1) noise, equivalent
+to drawing from p) from the request's own seeded generator, so a seed reproduces its output
+whatever else runs.
 """
 
 from __future__ import annotations

@@ -118,6 +118,7 @@ REQUEST_ID: JSON = {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,256}$"}
 TOKEN_ID = integer(0, UINT32_MAX)
 POSITIVE = number(0, low_open=True)
 PROBABILITY = number(0, 1, low_open=True)
+MIN_P = number(0, 1)
 PENALTY = number(-2, 2)
 LOGIT_BIAS = number(-100, 100)  # a token's, keyed by its id
 SEED = integer(1, UINT64_MAX)
@@ -139,10 +140,10 @@ SSE: JSON = {SSE_CONTENT_TYPE.split(";")[0]: {"schema": obj({"data": STRING, "ev
 # MindIE's REST units: priority 1-5, timeout in seconds.
 PARAMETERS: dict[str, JSON] = {
     "do_sample": BOOLEAN, "temperature": POSITIVE, "top_k": TOP_K, "top_p": PROBABILITY,
-    "typical_p": PROBABILITY, "min_p": number(0, 1), "repetition_penalty": POSITIVE,
-    "presence_penalty": PENALTY, "frequency_penalty": PENALTY, "seed": SEED, "max_new_tokens": MAX_NEW_TOKENS,
-    "min_new_tokens": MIN_NEW_TOKENS, "ignore_eos": BOOLEAN, "stop": STOP,
-    "stop_token_ids": array(TOKEN_ID), "priority": integer(1, 5),
+    "typical_p": PROBABILITY, "min_p": MIN_P, "repetition_penalty": POSITIVE,
+    "presence_penalty": PENALTY, "frequency_penalty": PENALTY, "seed": SEED,
+    "max_new_tokens": MAX_NEW_TOKENS, "min_new_tokens": MIN_NEW_TOKENS, "ignore_eos": BOOLEAN,
+    "stop": STOP, "stop_token_ids": array(TOKEN_ID), "priority": integer(1, 5),
     "timeout": number(0, MAX_TIMEOUT_S, low_open=True), "watermark": only(False, BOOLEAN),
     "details": BOOLEAN, "perf_stat": BOOLEAN, "batch_size": integer(0),
 }
@@ -160,7 +161,7 @@ TGI_PARAMETERS: dict[str, JSON] = {
 OPENAI_SAMPLING: dict[str, JSON] = {
     "temperature": number(0), "top_p": PROBABILITY, "n": SEQUENCES, "stop": STOP,
     "seed": SEED, "presence_penalty": PENALTY, "frequency_penalty": PENALTY, "top_k": TOP_K,
-    "min_p": number(0, 1), "repetition_penalty": POSITIVE, "min_tokens": MIN_NEW_TOKENS,
+    "min_p": MIN_P, "repetition_penalty": POSITIVE, "min_tokens": MIN_NEW_TOKENS,
     "ignore_eos": BOOLEAN, "stop_token_ids": array(TOKEN_ID),
     "allowed_token_ids": array(TOKEN_ID, minItems=1), "include_stop_str_in_output": BOOLEAN,
     "truncate_prompt_tokens": TRUNCATE,
