@@ -58,15 +58,16 @@ def in_thread(function: Callable[[], object]) -> Future:
 
 
 class InferStream:
-    """A streamed POST /infer of TOKENS tokens, read on a thread: its events, an Event set by
+    """A streamed POST /infer of `tokens` tokens, read on a thread: its events, an Event set by
     the first, and when the last one (with generated_text) arrived."""
 
-    def __init__(self, gateway: GatewayProcess, client_files, prompt: str) -> None:
+    def __init__(self, gateway: GatewayProcess, client_files, prompt: str,
+                 tokens: int = TOKENS) -> None:
         self.events: list[dict] = []
         self.first_event = threading.Event()
         self.last_event_at = math.inf
         self.body = {"inputs": prompt, "stream": True, "parameters": {
-            "max_new_tokens": TOKENS, "ignore_eos": True, "do_sample": False, "details": True}}
+            "max_new_tokens": tokens, "ignore_eos": True, "do_sample": False, "details": True}}
         self.done = in_thread(lambda: self._read(gateway.url("business"), client_files))
 
     def _read(self, url: str, client_files) -> None:
@@ -157,8 +158,8 @@ def test_a_forced_stop_answers_at_once_and_cuts_the_streams_off_within_seconds(
     server, gateway = service
     management = gateway.url("management")
     assert request(management, client_files, "/stopService?mode=Soon")[0] == 400
-    stream = InferStream(gateway, client_files, PROMPTS[0])
-    stream.body["parameters"]["max_new_tokens"] = 500  # far longer than the stop allows
+    # Far longer than the stop allows.
+    stream = InferStream(gateway, client_files, PROMPTS[0], tokens=500)
     assert stream.first_event.wait(REQUEST_TIMEOUT_S) and stream.events, stream.done
     asked_at = time.monotonic()
     assert fetch(management, client_files, "/stopService?mode=Force")[:2] == (200, b"")
