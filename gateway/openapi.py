@@ -143,7 +143,11 @@ PARAMETERS: dict[str, JSON] = {
     "typical_p": PROBABILITY, "min_p": MIN_P, "repetition_penalty": POSITIVE,
     "presence_penalty": PENALTY, "frequency_penalty": PENALTY, "seed": SEED,
     "max_new_tokens": MAX_NEW_TOKENS, "min_new_tokens": MIN_NEW_TOKENS, "ignore_eos": BOOLEAN,
-    "stop": STOP, "stop_token_ids": array(TOKEN_ID), "priority": integer(1, 5),
+    "stop": STOP, "stop_token_ids": array(TOKEN_ID),
+    "allowed_token_ids": array(TOKEN_ID, minItems=1),
+    # A JSON object in a string, as the gRPC parameter carries it.
+    "logit_bias": {**STRING, "description": 'token ids to biases in [-100, 100]: {"7042": -100}'},
+    "priority": integer(1, 5),
     "timeout": number(0, MAX_TIMEOUT_S, low_open=True), "watermark": only(False, BOOLEAN),
     "details": BOOLEAN, "perf_stat": BOOLEAN, "batch_size": integer(0),
 }
