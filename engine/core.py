@@ -91,7 +91,8 @@ class EngineCore:
         request = Request(
             spec=spec,
             arrival_index=next(self._arrivals),
-            detokenizer=IncrementalDetokenizer(self._tokenizer, spec.prompt_token_ids),
+            detokenizer=IncrementalDetokenizer(self._tokenizer, spec.prompt_token_ids,
+                                               spec.sampling.skip_special_tokens),
             generator=make_generator(spec.sampling.seed),
         )
         self._requests[spec.request_id] = request

@@ -20,8 +20,10 @@ class Decoder(Protocol):
 
 
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer: Decoder, prompt_token_ids: Sequence[int]) -> None:
+    def __init__(self, tokenizer: Decoder, prompt_token_ids: Sequence[int],
+                 skip_special_tokens: bool = True) -> None:
         self._tokenizer = tokenizer
+        self._skip_special_tokens = skip_special_tokens
         self._token_ids = list(prompt_token_ids[-CONTEXT_TOKENS:])
         self._prefix_offset = 0
         self._read_offset = len(self._token_ids)
@@ -47,4 +49,4 @@ class IncrementalDetokenizer:
         return text[len(prefix_text):]
 
     def _decode(self, token_ids: Sequence[int]) -> str:
-        return self._tokenizer.decode(token_ids, skip_special_tokens=True)
+        return self._tokenizer.decode(token_ids, skip_special_tokens=self._skip_special_tokens)

@@ -26,7 +26,9 @@ class SamplingParams:
     since every prompt position must be computed.
     logit_bias: (token id, bias) pairs added to the logits before a token is chosen, after the
     penalties (OpenAI's logit_bias); allowed_token_ids: when given, the only tokens that may be
-    chosen (vLLM's); log-probabilities stay the model's own.
+    chosen (vLLM's); log-probabilities stay the model's own. skip_special_tokens: the text
+    leaves out special tokens generated (with ignore_eos, EOS); the token that ends a request
+    is never in it.
     """
 
     do_sample: bool
@@ -50,6 +52,7 @@ class SamplingParams:
     best_of: int = 1
     prompt_logprobs: bool = False
     logit_bias: tuple[tuple[int, float], ...] = ()
+    skip_special_tokens: bool = True
     allowed_token_ids: frozenset[int] | None = None
 
 

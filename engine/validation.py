@@ -72,7 +72,7 @@ INT_RANGES: dict[str, Interval] = {
 # OpenAI's range for a token's logit bias.
 LOGIT_BIAS_RANGE = Interval(-100.0, 100.0)
 BOOL_PARAMS = ("do_sample", "watermark", "ignore_eos", "logprobs", "prompt_logprobs",
-               "include_stop_str_in_output")
+               "include_stop_str_in_output", "skip_special_tokens")
 # Accepted for compatibility with MindIE's text interface; they change nothing in generation.
 IGNORED_PARAMS = frozenset({"details", "perf_stat", "batch_size"})
 # Present with one of these, and without do_sample, the request samples (MindIE: do_sample
@@ -140,6 +140,7 @@ def build_request(request_id: str, prompt_token_ids: Sequence[int],
         best_of=best_of,
         prompt_logprobs=bool(bools["prompt_logprobs"]),
         logit_bias=_logit_bias(parameters, limits),
+        skip_special_tokens=bools["skip_special_tokens"] is not False,
         allowed_token_ids=_allowed_token_ids(parameters, limits),
     )
     return GenerationRequest(

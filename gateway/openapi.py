@@ -168,7 +168,7 @@ OPENAI_SAMPLING: dict[str, JSON] = {
     "min_p": MIN_P, "repetition_penalty": POSITIVE, "min_tokens": MIN_NEW_TOKENS,
     "ignore_eos": BOOLEAN, "stop_token_ids": array(TOKEN_ID),
     "allowed_token_ids": array(TOKEN_ID, minItems=1), "include_stop_str_in_output": BOOLEAN,
-    "truncate_prompt_tokens": TRUNCATE,
+    "skip_special_tokens": BOOLEAN, "truncate_prompt_tokens": TRUNCATE,
 }
 OPENAI_COMMON: dict[str, JSON] = {
     **OPENAI_SAMPLING, "model": STRING, "max_tokens": MAX_NEW_TOKENS, "stream": BOOLEAN,
@@ -222,7 +222,7 @@ REQUESTS: dict[str, JSON] = {
             "n", "presence_penalty", "frequency_penalty", "repetition_penalty", "temperature",
             "top_p", "min_p", "seed", "stop", "stop_token_ids", "ignore_eos",
             "min_tokens", "allowed_token_ids", "include_stop_str_in_output",
-            "truncate_prompt_tokens")}})},
+            "skip_special_tokens", "truncate_prompt_tokens")}})},
         ["prompt"], closed=True),
     "ChatCompletionRequest": obj({
         **optional(OPENAI_COMMON), "messages": array(MESSAGE, minItems=1),
@@ -241,8 +241,8 @@ REQUESTS: dict[str, JSON] = {
         "suffix": only(None, STRING),
     }, ["prompt"], closed=True),
     "MindIEParameters": obj(optional({
-        **PARAMETERS, "include_stop_str_in_output": BOOLEAN,
-        "skip_special_tokens": only(True, BOOLEAN)}), closed=True),
+        **PARAMETERS, "include_stop_str_in_output": BOOLEAN, "skip_special_tokens": BOOLEAN}),
+        closed=True),
     "MindIEInferRequest": obj({"inputs": PROMPT, "id": nullable(REQUEST_ID),
                                "stream": nullable(BOOLEAN),
                                "parameters": nullable(ref("MindIEParameters"))}, ["inputs"]),

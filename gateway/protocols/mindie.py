@@ -49,10 +49,6 @@ def infer_request_to_pb(document: object, tokens: bool
     else:
         prompt = required_string(document, "inputs")
     parameters = dict(require_object(document.get("parameters") or {}, "parameters"))
-    if not optional_bool(parameters, "skip_special_tokens", True):
-        raise bad_request("skip_special_tokens", "only true is supported: special tokens never "
-                          "appear in text")
-    parameters.pop("skip_special_tokens", None)
     for name in ("n", "best_of"):
         if parameters.get(name) not in (None, 1):
             raise bad_request(name, "MindIE's native routes generate one sequence: must be 1")

@@ -6,8 +6,9 @@ Chat messages are rendered with the model's chat template on the server. `temper
 means greedy; absent, the request samples at temperature 1 (OpenAI's default). Without
 `max_tokens`, generation runs to the end of the turn within the server's limits (maxIterTimes,
 maxSeqLen). vLLM's sampling extras (top_k, min_p, repetition_penalty, min_tokens, ignore_eos,
-stop_token_ids, allowed_token_ids, include_stop_str_in_output, truncate_prompt_tokens) are
-accepted too, and so is `logit_bias` ({"token id": bias in [-100, 100]}).
+stop_token_ids, allowed_token_ids, include_stop_str_in_output, skip_special_tokens,
+truncate_prompt_tokens) are accepted too, and so is `logit_bias` ({"token id": bias in
+[-100, 100]}).
 
 A `model` naming another model than the served one is refused with 404, as vLLM does, except
 the names TGI's clients send for "the model this server runs" (TGI ignores the field): "tgi",
@@ -44,7 +45,8 @@ COMPLETION_NAMES = {**NAMES, "logprobs": "top_logprobs"}
 SAMPLING_FIELDS = frozenset({"temperature", "top_p", "n", "stop", "seed", "presence_penalty",
                              "frequency_penalty", "top_k", "min_p", "repetition_penalty",
                              "min_tokens", "ignore_eos", "stop_token_ids", "allowed_token_ids",
-                             "include_stop_str_in_output", "truncate_prompt_tokens"})
+                             "include_stop_str_in_output", "skip_special_tokens",
+                             "truncate_prompt_tokens"})
 # `model` values meaning the served model (see the module's docstring).
 SERVED_MODEL_PLACEHOLDERS = frozenset({"tgi", "dummy"})
 # Accepted and without effect here (OpenAI's bookkeeping fields).

@@ -42,7 +42,7 @@ SAMPLING_FIELDS = frozenset({"n", "best_of", "presence_penalty", "frequency_pena
                              "repetition_penalty", "temperature", "top_p", "top_k", "min_p",
                              "seed", "stop", "stop_token_ids", "ignore_eos", "max_tokens",
                              "min_tokens", "allowed_token_ids", "include_stop_str_in_output",
-                             "truncate_prompt_tokens"})
+                             "skip_special_tokens", "truncate_prompt_tokens"})
 
 
 def generate_request_to_pb(document: object) -> tuple[sb.GenerateRequest, str, bool, float]:

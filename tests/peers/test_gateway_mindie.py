@@ -18,6 +18,8 @@ PROMPT = "The capital of France is"
 ENGLISH = "What is the capital of France?"
 CHINESE = "法国的首都是哪里？"
 GREEDY = {"do_sample": False, "max_new_tokens": 12, "details": True}
+# A chat turn as SmolLM2's template writes it.
+CHAT_PROMPT = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
 FINISH_REASONS = ("length", "eos_token", "stop_sequence")
 # MindIE's own documented /infer body.
 MINDIE_BODY = {"inputs": "My name is Olivier and I", "stream": False, "parameters": {
@@ -224,12 +226,6 @@ def test_malformed_json_is_a_bad_request(gateway, client_files, greedy, path) ->
                  "input_id", id="infer_token-input_id-int"),
     pytest.param("/infer", {"parameters": {"max_new_tokens": 2}}, "inputs",
                  id="infer-no-inputs"),
-    pytest.param("/infer", {"inputs": PROMPT, "parameters": {
-        "max_new_tokens": 2, "skip_special_tokens": False}}, "skip_special_tokens",
-        id="infer-skip_special_tokens-false"),
-    pytest.param("/infer_token", {"input_id": [504, 3575], "parameters": {
-        "max_new_tokens": 2, "skip_special_tokens": False}}, "skip_special_tokens",
-        id="infer_token-skip_special_tokens-false"),
 ])
 def test_invalid_requests_get_mindies_error_body(gateway, client_files, greedy, path, body,
                                                  field) -> None:
@@ -238,7 +234,13 @@ def test_invalid_requests_get_mindies_error_body(gateway, client_files, greedy, 
     assert_still_serving(gateway, client_files, greedy)
 
 
-def test_skip_special_tokens_true_is_accepted(gateway, client_files, greedy) -> None:
-    document = ok_json(post(gateway, client_files, "/infer", {
-        "inputs": PROMPT, "parameters": {**GREEDY, "skip_special_tokens": True}}))
-    assert document["generated_text"] == greedy["generated_text"]
+def test_skip_special_tokens_false_keeps_them_in_the_text(gateway, client_files) -> None:
+    """Past the end of its turn (EOS ignored) the model writes <|im_end|>: in the text only
+    with skip_special_tokens false."""
+    def generated(**parameters) -> str:
+        return ok_json(post(gateway, client_files, "/infer", {"inputs": CHAT_PROMPT, "parameters": {
+            **GREEDY, "max_new_tokens": 24, "ignore_eos": True, **parameters}}))["generated_text"]
+    kept = generated(skip_special_tokens=False)
+    assert "<|im_end|>" in kept and "Paris" in kept
+    skipped = kept.replace("<|im_end|>", "").replace("<|im_start|>", "")
+    assert generated() == generated(skip_special_tokens=True) == skipped

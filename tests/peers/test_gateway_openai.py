@@ -197,6 +197,10 @@ def test_vllms_token_extras(client) -> None:
     assert complete(truncate_prompt_tokens=2).usage.prompt_tokens == 2
     assert complete(stop=[" Paris"]).choices[0].text == ""
     assert complete(stop=[" Paris"], include_stop_str_in_output=True).choices[0].text == " Paris"
+    past_the_turn = client.chat.completions.create(
+        model=MODEL, messages=QUESTION, temperature=0, max_tokens=24,
+        extra_body={"ignore_eos": True, "skip_special_tokens": False})
+    assert "<|im_end|>" in past_the_turn.choices[0].message.content
 
 
 def test_logit_bias_bans_and_forces_tokens(client, greedy_completion) -> None:

@@ -39,10 +39,10 @@ def encode(tokenizer: object, text: str) -> list[int]:
     return tokenizer.encode(text, add_special_tokens=False)
 
 
-def stream(tokenizer: object, token_ids: Sequence[int],
-           prompt_ids: Sequence[int] = ()) -> tuple[list[str], str]:
+def stream(tokenizer: object, token_ids: Sequence[int], prompt_ids: Sequence[int] = (),
+           skip_special_tokens: bool = True) -> tuple[list[str], str]:
     """The per-token deltas and the final flush."""
-    detokenizer = IncrementalDetokenizer(tokenizer, prompt_ids)
+    detokenizer = IncrementalDetokenizer(tokenizer, prompt_ids, skip_special_tokens)
     deltas = [detokenizer.add(token_id) for token_id in token_ids]
     return deltas, detokenizer.flush()
 
@@ -78,6 +78,14 @@ def test_special_tokens_produce_no_text(tokenizer: object) -> None:
     assert deltas[len(encode(tokenizer, "Hello"))] == ""
     assert deltas[-1] == ""
     assert "".join(deltas) + tail == "Hello world"
+
+
+def test_special_tokens_are_text_when_not_skipped(tokenizer: object) -> None:
+    ids = [*encode(tokenizer, "Hello"), IM_END, *encode(tokenizer, " world")]
+    prompt = encode(tokenizer, "Hi") + [IM_END]
+    deltas, tail = stream(tokenizer, ids, prompt, skip_special_tokens=False)
+    assert deltas[len(encode(tokenizer, "Hello"))] == "<|im_end|>"
+    assert "".join(deltas) + tail == "Hello<|im_end|> world"
 
 
 @pytest.mark.parametrize(("prompt", "generated"), [

@@ -326,6 +326,11 @@ def test_invalid_stop_token_ids_are_rejected(stop_token_ids: object, reason: str
     assert reason in error.reason
 
 
+def test_special_tokens_are_skipped_unless_asked_not_to() -> None:
+    assert build().sampling.skip_special_tokens is True
+    assert build({"skip_special_tokens": False}).sampling.skip_special_tokens is False
+
+
 def test_allowed_token_ids_are_vocabulary_ids_and_not_none() -> None:
     assert build({"allowed_token_ids": [3, 5, 3]}).sampling.allowed_token_ids == {3, 5}
     assert build().sampling.allowed_token_ids is None
