@@ -246,6 +246,7 @@ class CompletionsHandler(OpenAIHandler):
             call_index, response = item
             generations[call_index].add(response)
             index = openai.choice_index(options, call_index, response.index)
+            usage = openai.usage(generations) if options.continuous_usage else None
             chunks = []
             delta = response.text
             if index not in sent_chars:
@@ -253,12 +254,14 @@ class CompletionsHandler(OpenAIHandler):
                 if options.echo:
                     delta = openai.echo_text(calls[call_index], generations[call_index]) + delta
                 if self.chat:
-                    chunks.append(sse_event(openai.chunk(options, index, role=True)))
+                    chunks.append(sse_event(openai.chunk(options, index, role=True,
+                                                         usage=usage)))
             offset = sent_chars[index] + len(delta) - len(response.text)
             sent_chars[index] += len(delta)
             chunks.append(sse_event(openai.chunk(options, index, delta_text=delta,
                                                  tokens=list(response.tokens), text_offset=offset,
-                                                 finish_reason=response.finish_reason)))
+                                                 finish_reason=response.finish_reason,
+                                                 usage=usage)))
             return chunks
 
         def end() -> bytes:

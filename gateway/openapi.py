@@ -172,7 +172,8 @@ OPENAI_SAMPLING: dict[str, JSON] = {
 }
 OPENAI_COMMON: dict[str, JSON] = {
     **OPENAI_SAMPLING, "model": STRING, "max_tokens": MAX_NEW_TOKENS, "stream": BOOLEAN,
-    "stream_options": obj({"include_usage": nullable(BOOLEAN)}),
+    "stream_options": obj({"include_usage": nullable(BOOLEAN),
+                           "continuous_usage_stats": nullable(BOOLEAN)}),
     "logit_bias": {"type": "object", "additionalProperties": LOGIT_BIAS},
     # Accepted, without effect.
     "user": STRING, "store": BOOLEAN, "metadata": {"type": "object"}, "service_tier": STRING,

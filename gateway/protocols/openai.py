@@ -87,6 +87,8 @@ class OpenAIOptions:
     model: str
     stream: bool
     include_usage: bool
+    # vLLM's stream_options.continuous_usage_stats (with include_usage): usage in every chunk.
+    continuous_usage: bool
     logprobs: bool
     echo: bool
     n: int
@@ -195,8 +197,11 @@ def _options(document: Mapping[str, object], kind: str, logprobs: bool, echo: bo
             raise bad_request("stream_options", "can only be given with stream: true")
         stream_options = require_object(stream_options, "stream_options")
     n = document.get("n")
+    include_usage = optional_bool(stream_options or {}, "include_usage")
     return OpenAIOptions(kind=kind, model=_model(document), stream=stream,
-                         include_usage=optional_bool(stream_options or {}, "include_usage"),
+                         include_usage=include_usage,
+                         continuous_usage=include_usage and optional_bool(
+                             stream_options or {}, "continuous_usage_stats"),
                          logprobs=logprobs, echo=echo,
                          n=n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 1,
                          deadline_s=deadline_s, names=names)
@@ -323,9 +328,10 @@ def usage(generations: list[Generation]) -> dict[str, object]:
 
 def chunk(options: OpenAIOptions, index: int, *, delta_text: str | None = None,
           role: bool = False, tokens: list[sb.Token] | None = None, text_offset: int = 0,
-          finish_reason: str = "") -> dict[str, object]:
+          finish_reason: str = "", usage: dict[str, object] | None = None) -> dict[str, object]:
     """One streamed chunk for choice `index`; `text_offset`: where its tokens' text starts in
-    the choice's text (completions' logprobs)."""
+    the choice's text (completions' logprobs); `usage`: the usage so far, sent with
+    continuous_usage."""
     reason = FINISH_REASONS.get(finish_reason, finish_reason) or None
     if options.kind == "chat.completion":
         delta: dict[str, object] = {"role": "assistant", "content": ""} if role else {}
@@ -345,7 +351,7 @@ def chunk(options: OpenAIOptions, index: int, *, delta_text: str | None = None,
         obj = "text_completion"
     document = {**_header(options, obj), "choices": [choice]}
     if options.include_usage:
-        document["usage"] = None
+        document["usage"] = usage if options.continuous_usage else None
     return document
 
 

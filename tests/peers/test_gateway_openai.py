@@ -91,6 +91,18 @@ def test_streamed_chat_yields_the_same_text_and_a_usage_chunk(client, greedy_cha
 
 
 
+def test_continuous_usage_stats_count_the_tokens_so_far_in_every_chunk(client, greedy_chat
+                                                                        ) -> None:
+    chunks = list(client.chat.completions.create(
+        model=MODEL, messages=QUESTION, temperature=0, max_tokens=16, stream=True,
+        extra_body={"stream_options": {"include_usage": True, "continuous_usage_stats": True}}))
+    *content_chunks, last = chunks
+    counts = [chunk.usage.completion_tokens for chunk in content_chunks]
+    assert counts == sorted(counts) and counts[0] == 1  # the role's chunk comes with the first
+    assert counts[-1] == last.usage.completion_tokens == greedy_chat.usage.completion_tokens
+    assert {chunk.usage.prompt_tokens for chunk in chunks} == {greedy_chat.usage.prompt_tokens}
+
+
 def test_tgis_documented_model_name_means_the_served_model(client, greedy_chat) -> None:
     """TGI's documentation points the OpenAI SDK at TGI with model="tgi"."""
     reply = client.chat.completions.create(model="tgi", messages=QUESTION, temperature=0,

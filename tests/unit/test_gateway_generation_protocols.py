@@ -851,8 +851,18 @@ def test_chat_chunk_with_logprobs() -> None:
 
 def test_chunks_have_a_null_usage_only_when_usage_is_asked_for() -> None:
     _, options = chat(stream=True, stream_options={"include_usage": True})
-    document = openai.chunk(options, 0, delta_text="x")
+    document = openai.chunk(options, 0, delta_text="x", usage={"completion_tokens": 1})
     assert "usage" in document and document["usage"] is None
+
+
+def test_continuous_usage_stats_put_the_usage_so_far_in_every_chunk() -> None:
+    so_far = {"prompt_tokens": 4, "completion_tokens": 1, "total_tokens": 5}
+    _, options = chat(stream=True, stream_options={"include_usage": True,
+                                                   "continuous_usage_stats": True})
+    assert openai.chunk(options, 0, delta_text="x", usage=so_far)["usage"] == so_far
+    # Without include_usage, vLLM sends no usage at all.
+    _, options = chat(stream=True, stream_options={"continuous_usage_stats": True})
+    assert "usage" not in openai.chunk(options, 0, delta_text="x", usage=so_far)
 
 
 def test_completion_chunks() -> None:
