@@ -143,7 +143,8 @@ PARAMETERS: dict[str, JSON] = {
     "typical_p": PROBABILITY, "min_p": MIN_P, "repetition_penalty": POSITIVE,
     "presence_penalty": PENALTY, "frequency_penalty": PENALTY, "seed": SEED,
     "max_new_tokens": MAX_NEW_TOKENS, "min_new_tokens": MIN_NEW_TOKENS, "ignore_eos": BOOLEAN,
-    "stop": STOP, "stop_token_ids": array(TOKEN_ID),
+    "stop": STOP, "stop_token_ids": array(TOKEN_ID), "include_stop_str_in_output": BOOLEAN,
+    "truncate": TRUNCATE, "skip_special_tokens": BOOLEAN,
     "allowed_token_ids": array(TOKEN_ID, minItems=1),
     # A JSON object in a string, as the gRPC parameter carries it.
     "logit_bias": {**STRING, "description": 'token ids to biases in [-100, 100]: {"7042": -100}'},
@@ -241,15 +242,12 @@ REQUESTS: dict[str, JSON] = {
         # Refused unless null.
         "suffix": only(None, STRING),
     }, ["prompt"], closed=True),
-    "MindIEParameters": obj(optional({
-        **PARAMETERS, "include_stop_str_in_output": BOOLEAN, "skip_special_tokens": BOOLEAN}),
-        closed=True),
     "MindIEInferRequest": obj({"inputs": PROMPT, "id": nullable(REQUEST_ID),
                                "stream": nullable(BOOLEAN),
-                               "parameters": nullable(ref("MindIEParameters"))}, ["inputs"]),
+                               "parameters": nullable(ref("Parameters"))}, ["inputs"]),
     "MindIEInferTokenRequest": obj({"input_id": PROMPT_IDS, "id": nullable(REQUEST_ID),
                                     "stream": nullable(BOOLEAN),
-                                    "parameters": nullable(ref("MindIEParameters"))},
+                                    "parameters": nullable(ref("Parameters"))},
                                    ["input_id"]),
     "TokenizerRequest": obj({"inputs": STRING, "do_decode": nullable(BOOLEAN)}, ["inputs"]),
     "VllmTokenizeRequest": {"oneOf": [
