@@ -31,6 +31,12 @@ class GenerationHandler(Handler):
                  ) -> grpc.aio.UnaryStreamCall:
         return self.track(self.upstream.generation.Generate(request, timeout=deadline_s))
 
+    async def server_version(self) -> str:
+        """The version the model server reports (KServe's server metadata)."""
+        metadata = await self.track(self.upstream.inference.ServerMetadata(
+            pb.ServerMetadataRequest(), timeout=METADATA_TIMEOUT_S))
+        return metadata.version
+
     async def tokenize(self, request: sb.TokenizeRequest) -> sb.TokenizeResponse:
         return await self.track(self.upstream.generation.Tokenize(
             request, timeout=METADATA_TIMEOUT_S))
@@ -141,9 +147,7 @@ class SharedGenerateHandler(TgiHandler):
 class InfoHandler(TgiHandler):
     async def get(self) -> None:
         name, parameters = await self.served_model_parameters()
-        metadata = await self.track(self.upstream.inference.ServerMetadata(
-            pb.ServerMetadataRequest(), timeout=METADATA_TIMEOUT_S))
-        self.write_json(tgi.info_json(name, parameters, metadata.version))
+        self.write_json(tgi.info_json(name, parameters, await self.server_version()))
 
 
 class TokenizeHandler(TgiHandler):
@@ -215,8 +219,8 @@ class DetokenizeHandler(OpenAIHandler):
 class VersionHandler(OpenAIHandler):
     """vLLM's GET /version."""
 
-    def get(self) -> None:
-        self.write_json(vllm.version_json())
+    async def get(self) -> None:
+        self.write_json(vllm.version_json(await self.server_version()))
 
 
 class CompletionsHandler(OpenAIHandler):

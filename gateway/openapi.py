@@ -552,7 +552,7 @@ OPERATIONS: dict[str, dict[str, Operation]] = {
             ref("TgiCompatResponse"), ref("ChatCompletion"), ref("TextCompletion")]}}, **SSE},
         {"oneOf": [ref("TgiRequest"), ref("ChatCompletionRequest"),
                    ref("CompletionRequest")]})},
-    "vllm_version": {"get": Operation("vLLM's version route: this package's version",
+    "vllm_version": {"get": Operation("vLLM's version route: the model server's version",
                                       json_reply("Version"))},
     "openai_models": {"get": Operation("OpenAI's model list", json_reply("ModelList"))},
     "openai_model": {"get": Operation("One OpenAI model", json_reply("Model"))},

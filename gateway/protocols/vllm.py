@@ -9,12 +9,11 @@ And vLLM's tokenizer routes (those of its OpenAI server): POST /tokenize with `p
 which writes the special tokens) answers `{"count", "max_model_len", "tokens", "token_strs"}`,
 `token_strs` the vocabulary's strings of the tokens (`"Ġthe"`) when `return_token_strs` asks for
 them, else null; POST /detokenize with `tokens` answers `{"prompt"}`, special tokens included. GET
-/version answers `{"version"}`: our package's.
+/version answers `{"version"}`: the model server's.
 """
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 
 import grpc
@@ -121,6 +120,6 @@ def detokenize_request_to_pb(document: object) -> sb.DetokenizeRequest:
     return sb.DetokenizeRequest(model_name=optional_string(document, "model"), token_ids=tokens)
 
 
-def version_json() -> dict[str, str]:
-    """GET /version: vLLM's package version there, ours here."""
-    return {"version": importlib.metadata.version("switchboard")}
+def version_json(version: str) -> dict[str, str]:
+    """GET /version: vLLM's package version there, the model server's here."""
+    return {"version": version}

@@ -9,7 +9,9 @@ imports none of our packages but the stdlib helpers in gateway_clients.
 from __future__ import annotations
 
 import json
+import tomllib
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx2
 import huggingface_hub
@@ -367,4 +369,6 @@ def test_vllm_version_is_the_packages(gateway, client_files) -> None:
     assert status == 200, reply
     assert set(reply) == {"version"} and reply["version"]
     _, info = request(gateway.url("business"), client_files, "/info")
-    assert reply["version"] == info["version"]  # the server's, from the same package
+    assert reply["version"] == info["version"]  # the model server's
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    assert reply["version"] == tomllib.loads(pyproject.read_text())["project"]["version"]

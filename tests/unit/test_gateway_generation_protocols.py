@@ -5,8 +5,6 @@ model; the server's GenerateResponse messages are built by hand."""
 from __future__ import annotations
 
 import json
-import tomllib
-from pathlib import Path
 
 import pytest
 
@@ -1071,9 +1069,3 @@ def test_vllm_detokenize() -> None:
         assert refused(vllm.detokenize_request_to_pb, {"tokens": tokens}).field == "tokens"
     assert refused(vllm.detokenize_request_to_pb, {"tokens": [], "prompt": "x"}).field == \
         "prompt"
-
-
-def test_vllm_version_is_the_packages() -> None:
-    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
-    version = tomllib.loads(pyproject.read_text())["project"]["version"]
-    assert vllm.version_json() == {"version": version}
