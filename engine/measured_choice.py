@@ -4,7 +4,9 @@ processor, by up to 3x either way, measured once at load for a few numbers of ro
 Measured over SmolLM2's weights on 2 cores: the form (W @ xᵀ)ᵀ beat nn.Linear's x @ Wᵀ by
 2.3x with 4 rows on an AMD Zen 3 (AVX2) and lost by 3x with 1 row on an Intel Xeon with
 AVX-512; PyTorch's int4 kernel fell behind dequantised float32 matmul from about 12 rows on
-the first, and behind a bf16 copy (AMX) from about 8 rows on the second.
+the first, and behind a bf16 copy (AMX) between 8 and 16 rows on the second (a step of 5 to 8
+rows, as verifying speculated tokens gives, took 32 ms on the copy and 28 with the int4
+kernel, before 8 was probed).
 
 Products are timed over many layers' weights, as a step reads them: timed on one weight kept
 hot in cache, that bf16 copy seemed to win from 4 rows, where from memory it lost by 2x.
@@ -19,7 +21,7 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-PROBE_ROWS = (1, 4, 16, 64, 256)
+PROBE_ROWS = (1, 4, 8, 16, 64, 256)
 REPEATS = 5
 # The rows oneDNN lays a bf16 weight out for; measured within 5% of the best at 1 to 64 rows.
 BF16_BATCH_HINT = 16
