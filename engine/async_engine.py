@@ -111,7 +111,9 @@ class AsyncEngine:
                                      enable_prefix_caching=config.enable_prefix_caching)
         scheduler = Scheduler(block_manager, max_running=config.max_batch_size,
                               max_batched_tokens=config.step_token_budget(loaded.device.type),
-                              max_prefill_tokens=config.max_prefill_tokens)
+                              max_prefill_tokens=config.max_prefill_tokens,
+                              num_speculative_tokens=config.num_speculative_tokens,
+                              speculative_max_batch=config.speculative_max_batch)
         core = EngineCore(runner, loaded.tokenizer, loaded.eos_token_ids, scheduler)
         limits = EngineLimits.from_config(config, vocab_size=loaded.vocab_size,
                                           max_position_embeddings=loaded.max_position_embeddings,

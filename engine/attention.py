@@ -103,10 +103,8 @@ class AttentionBatch:
             token_ids.extend(chunk.token_ids)
             positions.extend(range(chunk.start, end))
             write_slots.append(slots_of(chunk.block_ids, end, block_size)[chunk.start:])
-            if chunk.all_logits:
-                sample_index.extend(range(first, first + len(chunk.token_ids)))
-            elif chunk.samples:
-                sample_index.append(first + len(chunk.token_ids) - 1)
+            last = first + len(chunk.token_ids)
+            sample_index.extend(range(last - chunk.num_logits, last))
         members: dict[bool, list[int]] = {True: [], False: []}
         for position, chunk in enumerate(chunks):
             members[len(chunk.token_ids) == 1].append(position)

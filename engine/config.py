@@ -30,6 +30,10 @@ class EngineConfig:
     cacheBlockSize); num_kv_blocks 0 sizes the pool from kv_cache_mib.
     enforce_eager (vLLM's name): no CUDA graphs; by default decode steps of up to
     max_batch_size sequences (at most 128) replay graphs on CUDA.
+    num_speculative_tokens (TGI's --speculate): n-gram speculation, the tokens guessed and
+    verified per decoding request and step (see `speculation.py`), in steps of at most
+    speculative_max_batch decoding requests, beyond which a step's extra rows cost more than
+    its guesses save; 0 turns it off.
     num_threads: torch's intra-op threads for the engine's thread; 0 keeps torch's default
     (every core). Measured here with the load generator on the same 2 cores, 2 threads gave
     1.5x the batched throughput of 1; but a team as wide as the machine stalls at every op
@@ -54,6 +58,8 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     num_threads: int = 0
     enforce_eager: bool = False
+    num_speculative_tokens: int = 0
+    speculative_max_batch: int = 4
 
     def step_token_budget(self, device_type: str) -> int:
         """Prompt tokens per step: on CPU 64 keeps a step with a prefill chunk within about
@@ -75,7 +81,8 @@ class EngineConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer; got {value!r}")
-        for name in ("max_queue_len", "num_kv_blocks", "num_threads", "max_batched_tokens"):
+        for name in ("max_queue_len", "num_kv_blocks", "num_threads", "max_batched_tokens",
+                     "num_speculative_tokens", "speculative_max_batch"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be a non-negative integer; got {value!r}")

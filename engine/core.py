@@ -49,9 +49,9 @@ class EngineStats:
 
 class ModelRunner(Protocol):
     def execute(self, chunks: Sequence[SequenceChunk]) -> torch.Tensor:
-        """Logits [rows, vocab], float32 on the model's device, rows in chunk order: one at
-        each token of a chunk with all_logits (its last is also the sampling row when the chunk
-        samples), one at the last token of any other chunk that samples, none for the rest."""
+        """Logits [rows, vocab], float32 on the model's device, rows in chunk order: each
+        chunk's last `num_logits` tokens (with all_logits, its last is also the sampling row
+        when the chunk samples)."""
 
 
 class EngineCore:
@@ -127,24 +127,62 @@ class EngineCore:
         chunks, logits, outputs_of_failed = self._execute(chunks)
         outputs.extend(outputs_of_failed)
         for chunk in chunks:
-            request = chunk.request
-            request.num_computed_tokens += chunk.num_tokens
-            self.scheduler.block_manager.commit(request.block_table, request.all_token_ids,
-                                                request.num_computed_tokens)
-        sampling = [chunk.request for chunk in chunks if chunk.samples]
+            if not chunk.draft_token_ids:  # a speculative chunk's count waits for its verdict
+                self._computed(chunk.request, chunk.num_tokens)
         logits = self._take_prompt_logprobs(chunks, logits)
-        try:
-            # The runner's logits are inference tensors; penalties edit them in place.
-            with torch.inference_mode():
-                sampled = sample_batch(logits, sampling, self._eos_token_ids)
-        except Exception:
-            logger.exception("sampling failed for requests %s",
-                             ", ".join(request.request_id for request in sampling))
-            return outputs + [self._fail(request) for request in sampling]
-        step_time = time.monotonic()
-        for request, (token_id, logprob) in zip(sampling, sampled):
-            outputs.append(self._append_token(request, token_id, logprob, step_time, len(chunks)))
+        # The runner's logits are inference tensors; penalties edit them in place.
+        with torch.inference_mode():
+            outputs.extend(self._sample([chunk for chunk in chunks if chunk.samples], logits,
+                                        len(chunks)))
         return outputs
+
+    def _sample(self, chunks: Sequence[ScheduledChunk], logits: torch.Tensor,
+                batch_size: int) -> list[RequestOutput]:
+        """Each sampling chunk's next token, from its first row of `logits` (each chunk's rows
+        follow each other, in chunk order). A speculative chunk goes on: while the token just
+        sampled equals its next guess, the row after gives the token after that guess. So
+        every token is sampled as decoding one at a time would sample it (penalties, masks and
+        the seeded generator see the tokens before it), and a request keeps exactly the
+        output it would have had without speculation."""
+        outputs: list[RequestOutput] = []
+        firsts = list(itertools.accumulate((1 + len(c.draft_token_ids) for c in chunks),
+                                           initial=0))
+        verified = [0] * len(chunks)  # guesses accepted so far, by chunk
+        pending = list(range(len(chunks)))
+        while pending:
+            requests = [chunks[i].request for i in pending]
+            rows = logits if len(pending) == len(logits) else \
+                logits[[firsts[i] + verified[i] for i in pending]]
+            try:
+                sampled = sample_batch(rows, requests, self._eos_token_ids)
+            except Exception:
+                logger.exception("sampling failed for requests %s",
+                                 ", ".join(request.request_id for request in requests))
+                return outputs + [self._fail(request) for request in requests]
+            step_time = time.monotonic()
+            still_pending: list[int] = []
+            for i, (token_id, logprob) in zip(pending, sampled):
+                chunk, request = chunks[i], chunks[i].request
+                outputs.append(self._append_token(request, token_id, logprob, step_time,
+                                                  batch_size))
+                drafts = chunk.draft_token_ids
+                if request.status >= RequestStatus.FINISHED_STOPPED or not drafts:
+                    continue
+                if verified[i] < len(drafts) and token_id == drafts[verified[i]]:
+                    verified[i] += 1
+                    still_pending.append(i)
+                else:
+                    request.draft_window.record(verified[i])
+                    self._computed(request, chunk.num_tokens - len(drafts) + verified[i])
+            pending = still_pending
+        return outputs
+
+    def _computed(self, request: Request, num_tokens: int) -> None:
+        """Count num_tokens more of the request's tokens as held by the KV cache, and offer
+        the blocks they filled to the prefix cache."""
+        request.num_computed_tokens += num_tokens
+        self.scheduler.block_manager.commit(request.block_table, request.all_token_ids,
+                                            request.num_computed_tokens)
 
     def _execute(self, chunks: list[ScheduledChunk]
                  ) -> tuple[list[ScheduledChunk], torch.Tensor, list[RequestOutput]]:
@@ -172,16 +210,19 @@ class EngineCore:
     @staticmethod
     def _sequence_chunk(chunk: ScheduledChunk) -> SequenceChunk:
         request = chunk.request
-        end = chunk.start + chunk.num_tokens
+        drafts = chunk.draft_token_ids
+        end = chunk.start + chunk.num_tokens - len(drafts)
         return SequenceChunk(request_id=request.request_id,
-                             token_ids=request.all_token_ids[chunk.start:end], start=chunk.start,
-                             block_ids=request.block_table.block_ids, samples=chunk.samples,
-                             all_logits=chunk.all_logits)
+                             token_ids=[*request.all_token_ids[chunk.start:end], *drafts],
+                             start=chunk.start, block_ids=request.block_table.block_ids,
+                             samples=chunk.samples, all_logits=chunk.all_logits,
+                             num_draft_tokens=len(drafts))
 
     def _take_prompt_logprobs(self, chunks: Sequence[ScheduledChunk], logits: torch.Tensor
                               ) -> torch.Tensor:
         """Record the prompt log-probabilities in the rows of all-logits chunks; return the
-        sampler's rows: the last row of each sampling chunk, in order."""
+        sampler's rows: those of each sampling chunk (its last, and those that verify its
+        guesses), in order."""
         all_logits = [chunk.all_logits for chunk in chunks]  # before recording changes them
         if not any(all_logits):
             return logits
@@ -192,9 +233,9 @@ class EngineCore:
                 self._record_prompt_logprobs(chunk, logits[end:end + chunk.num_tokens])
                 end += chunk.num_tokens
             elif chunk.samples:
-                end += 1
+                end += 1 + len(chunk.draft_token_ids)
             if chunk.samples:
-                sample_rows.append(end - 1)
+                sample_rows.extend(range(end - 1 - len(chunk.draft_token_ids), end))
         return logits[sample_rows]
 
     @staticmethod

@@ -52,8 +52,9 @@ class UnsupportedModel(ValueError):
 @dataclass(frozen=True, slots=True)
 class SequenceChunk:
     """Tokens to compute for one sequence: their ids, first position, and block table.
-    samples: the logits at its last token are wanted; all_logits: those at each of its tokens
-    (for prompt log-probabilities)."""
+    samples: the logits at its last token are wanted, and at each of the num_draft_tokens
+    tokens before it (its last tokens are guesses to verify, see `speculation.py`);
+    all_logits: those at each of its tokens (for prompt log-probabilities)."""
 
     request_id: str
     token_ids: Sequence[int]
@@ -61,6 +62,14 @@ class SequenceChunk:
     block_ids: Sequence[int]
     samples: bool
     all_logits: bool = False
+    num_draft_tokens: int = 0
+
+    @property
+    def num_logits(self) -> int:
+        """Rows of logits the chunk gets back."""
+        if self.all_logits:
+            return len(self.token_ids)
+        return 1 + self.num_draft_tokens if self.samples else 0
 
 
 class Projection:
@@ -260,8 +269,7 @@ class PagedRunner:
     @torch.inference_mode()
     def execute(self, chunks: Sequence[SequenceChunk]) -> torch.Tensor:
         """Compute the chunks' tokens, writing their K/V into the cache; return logits
-        (float32, on the device) in chunk order: at each token of a chunk with all_logits, at the
-        last token of any other chunk that samples."""
+        (float32, on the device) in chunk order: each chunk's last `num_logits` tokens."""
         if self._k_cache is None or self._v_cache is None:
             self._allocate_cache()
         if self._decode_graphs is not None:

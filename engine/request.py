@@ -13,6 +13,7 @@ from engine.block_manager import BlockTable
 from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import EngineError
 from engine.params import GenerationRequest
+from engine.speculation import DraftWindow
 
 
 class FinishReason(enum.Enum):
@@ -112,6 +113,7 @@ class Request:
     first_token_time: float | None = None
     last_token_time: float | None = None
     prompt_logprobs: list[float] = field(default_factory=list)  # so far, of prompt tokens 1, 2, ...
+    draft_window: DraftWindow = field(default_factory=DraftWindow)
 
     @property
     def request_id(self) -> str:

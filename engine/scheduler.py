@@ -6,6 +6,8 @@ Every decoding request gets its token each step; prompt tokens (of running prefi
 of waiting requests, highest priority first) share a per-step budget, so chunked prefill
 falls out of the arithmetic, a long prompt never stalls decoding streams, and decoding
 streams never keep new requests from starting.
+With n-gram speculation on, a decoding request of a small enough batch also computes the
+tokens `propose_ngram` guesses will follow its newest one, for the engine to verify.
 When the KV pool runs out, the lowest-priority, latest request is preempted: its blocks
 are freed and it waits to be recomputed.
 """
@@ -18,20 +20,23 @@ from dataclasses import dataclass
 
 from engine.block_manager import BlockManager
 from engine.request import Request, RequestStatus
+from engine.speculation import propose_ngram
 
 
 @dataclass(frozen=True, slots=True)
 class ScheduledChunk:
-    """Compute tokens [start, start + num_tokens) of a request's prompt-and-output tokens."""
+    """Compute tokens [start, start + num_tokens) of a request's prompt-and-output tokens,
+    the last len(draft_token_ids) of them guessed ones that follow its newest token."""
 
     request: Request
     start: int
     num_tokens: int
+    draft_token_ids: tuple[int, ...] = ()
 
     @property
     def samples(self) -> bool:
         """The chunk reaches the request's last token, so its logits give the next one."""
-        return self.start + self.num_tokens == self.request.num_tokens
+        return self.start + self.num_tokens - len(self.draft_token_ids) == self.request.num_tokens
 
     @property
     def all_logits(self) -> bool:
@@ -49,11 +54,16 @@ def _is_decoding(request: Request) -> bool:
 
 class Scheduler:
     def __init__(self, block_manager: BlockManager, *, max_running: int, max_batched_tokens: int,
-                 max_prefill_tokens: int) -> None:
+                 max_prefill_tokens: int, num_speculative_tokens: int = 0,
+                 speculative_max_batch: int = 0) -> None:
+        """num_speculative_tokens: guesses verified per decoding request and step, in steps
+        of at most speculative_max_batch decoding requests (0: no speculation)."""
         self.block_manager = block_manager
         self.max_running = max_running
         self._max_batched_tokens = max_batched_tokens
         self._max_prefill_tokens = max_prefill_tokens
+        self._num_speculative_tokens = num_speculative_tokens
+        self._speculative_max_batch = speculative_max_batch
         self._waiting: list[tuple[tuple[int, int], Request]] = []
         self.running: list[Request] = []
         self.num_preemptions = 0
@@ -104,6 +114,7 @@ class Scheduler:
                 budget -= self._prefill_tokens(chunks[request])
         if not preempted:
             self._admit(chunks, budget)
+            self._speculate(chunks)
         return list(chunks.values())
 
     def _admit(self, chunks: dict[Request, ScheduledChunk], budget: int) -> None:
@@ -130,6 +141,23 @@ class Scheduler:
             self.running.append(request)
             chunks[request] = ScheduledChunk(request, request.num_computed_tokens, num_tokens)
             budget -= self._prefill_tokens(chunks[request])
+
+    def _speculate(self, chunks: dict[Request, ScheduledChunk]) -> None:
+        """Add guessed tokens to the decoding requests' chunks, as many as each one's draft
+        window allows and it may still generate after its next token, where the pool has room
+        for them (they never preempt)."""
+        decoding = [chunk for chunk in chunks.values() if _is_decoding(chunk.request)]
+        if not self._num_speculative_tokens or len(decoding) > self._speculative_max_batch:
+            return
+        for chunk in decoding:
+            request = chunk.request
+            room = request.spec.sampling.max_new_tokens - len(request.output_token_ids) - 1
+            size = request.draft_window.next_size(min(self._num_speculative_tokens, room))
+            drafts = propose_ngram(request.all_token_ids, size)
+            if drafts and self.block_manager.allocate(request.block_table,
+                                                      request.num_tokens + len(drafts)):
+                chunks[request] = ScheduledChunk(request, chunk.start,
+                                                 chunk.num_tokens + len(drafts), drafts)
 
     @staticmethod
     def _chunk_size(request: Request, prefill_budget: int) -> int:

@@ -37,7 +37,8 @@ KEY_PASSWORD_ENV = "SWITCHBOARD_TLS_KEY_PASSWORD"
 PARTNER_EXIT_GRACE_S = 15
 ENGINE_SETTINGS = tuple(field.name for field in dataclasses.fields(EngineConfig))
 SERVER_FLAGS = frozenset({"model", "model_name", "device", "dtype", "quantization", "grpc_host",
-                          "grpc_port", "cache_dir", "tls_crl", "enforce_eager"})
+                          "grpc_port", "cache_dir", "tls_crl", "enforce_eager",
+                          "num_speculative_tokens"})
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -69,6 +70,10 @@ def _parser() -> argparse.ArgumentParser:
                             "file's own precision per matrix); default: none")
     serve.add_argument("--enforce-eager", action="store_true", default=None,
                        help="run every step eagerly: no CUDA graphs for decode steps")
+    serve.add_argument("--speculate", type=int, dest="num_speculative_tokens", metavar="N",
+                       help="n-gram speculation: guess up to N next tokens of each decoding "
+                            "request from its own text, verified in the same step; default: "
+                            "0 (off)")
     serve.add_argument("--grpc-host", help=f"default: {DEFAULT_GRPC_HOST}")
     serve.add_argument("--grpc-port", type=int, help=f"default: {DEFAULT_GRPC_PORT}; 0 picks a free port")
     serve.add_argument("--cache-dir", type=Path,

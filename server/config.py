@@ -57,6 +57,8 @@ CONFIG_KEYS = {
     "dtype": "dtype",
     "quantization": "quantization",
     "enforceEager": "enforce_eager",
+    "numSpeculativeTokens": "num_speculative_tokens",
+    "speculativeMaxBatch": "speculative_max_batch",
     "cacheDir": "cache_dir",
 }
 PATH_SETTINGS = frozenset({"model", "tls_ca_path", "tls_cert", "tls_pk", "tls_crl_path",

@@ -185,6 +185,29 @@ def test_a_seed_reproduces_its_text_alone_and_among_eight_other_requests(harness
     assert alone[-1].seed == 42
 
 
+def test_speculation_keeps_greedy_parity_and_seeded_samples_and_saves_steps(
+        harness, reference_model) -> None:
+    speculating = EngineHarness(num_speculative_tokens=3, speculative_max_batch=8)
+    try:
+        repeating = "Repeat after me: the cat sat on the mat. The cat sat on the mat. The cat"
+        steps_before = speculating.engine.stats().num_steps
+        assert_greedy_parity(speculating, reference_model, [repeating], max_new_tokens=24)
+        assert speculating.engine.stats().num_steps - steps_before < 24 // 2
+        assert_greedy_parity(speculating, reference_model, PARITY_PROMPTS, max_new_tokens=24)
+
+        def seeded(engine: EngineHarness):
+            return engine.request("Once upon a time", do_sample=True, temperature=0.7,
+                                  seed=42, max_new_tokens=24)
+
+        [plain], [speculated] = harness.generate(seeded(harness)), \
+            speculating.generate(seeded(speculating))
+        assert token_ids_of(speculated) == token_ids_of(plain)
+        stats = speculating.engine.stats()
+        assert stats.num_free_blocks == stats.num_total_blocks
+    finally:
+        speculating.close()
+
+
 def test_an_unseeded_request_reports_the_seed_that_reproduces_it(harness) -> None:
     [first] = harness.generate(harness.request("Tell me a joke.", do_sample=True, max_new_tokens=12))
     [again] = harness.generate(harness.request("Tell me a joke.", do_sample=True,

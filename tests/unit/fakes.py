@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import defaultdict
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
@@ -15,6 +16,7 @@ import torch
 
 from engine.block_manager import BlockManager
 from engine.core import EngineCore
+from engine.request import RequestOutput
 from engine.paged_runner import SequenceChunk
 from engine.scheduler import Scheduler
 from engine.params import GenerationRequest, SamplingParams
@@ -53,8 +55,9 @@ class FakeRunner:
     a row at each of its tokens, read back the same way: `context_logits` of its context
     except at a sampling chunk's last token, which gets the scripted row.
 
-    `calls` records ("prefill", prompt chunk) for chunks starting at position 0 and ("decode",
-    token id) for one-token chunks. A prompt in `fail_prefill` raises when its first chunk
+    `calls` records ("prefill", prompt chunk) for chunks starting at position 0, ("decode",
+    token id) for one-token chunks and ("speculate", newest token and guesses) for chunks with
+    guesses to verify (a sampling row at each, as at the last token). A prompt in `fail_prefill` raises when its first chunk
     runs. While `gate` is an unset Event, steps with a prefill wait for it (5 s at most);
     `step_delay_s` slows every step down.
     """
@@ -84,8 +87,28 @@ class FakeRunner:
                 for position in range(chunk.start, end - 1 if chunk.samples else end):
                     rows.append(self.context_logits(self._context(chunk, position + 1)))
             if chunk.samples:
-                rows.append(self._next_logits(chunk.request_id, self._context(chunk, end)))
+                rows += self._sampling_rows(chunk, end)
         return torch.stack(rows) if rows else torch.empty(0, VOCAB_SIZE)
+
+    def _sampling_rows(self, chunk: SequenceChunk, end: int) -> list[torch.Tensor]:
+        """The scripted row at the chunk's last token, and at each guess before it; but, as a
+        model's would, the rows after a guess the script disagrees with are nonsense (the
+        context's `context_logits`)."""
+        rows: list[torch.Tensor] = []
+        agreed = True
+        for length in range(end - chunk.num_draft_tokens, end + 1):
+            context = self._context(chunk, length)
+            rows.append(self._next_logits(chunk.request_id, context) if agreed
+                        else self.context_logits(context))
+            if length < end:
+                agreed = agreed and self._agrees(rows[-1], context, chunk.token_ids[
+                    length - chunk.start])
+        return rows
+
+    @staticmethod
+    def _agrees(row: torch.Tensor, context: Sequence[int], guess: int) -> bool:
+        """Whether the scripted model would follow `context` with `guess`."""
+        return int(row.argmax()) == guess
 
     @staticmethod
     def context_logits(context: Sequence[int]) -> torch.Tensor:
@@ -107,6 +130,8 @@ class FakeRunner:
                 raise RuntimeError(f"scripted failure for prompt {text!r}")
         elif len(chunk.token_ids) == 1:
             self.calls.append(("decode", chunk.token_ids[0]))
+        elif chunk.num_draft_tokens:
+            self.calls.append(("speculate", text))
 
     def _context(self, chunk: SequenceChunk, length: int) -> list[int]:
         return [self.cache[self._slot(chunk, i)] for i in range(length)]
@@ -140,11 +165,25 @@ def make_request(request_id: str, prompt: str = "p", *, max_new_tokens: int = 20
 
 def make_core(runner: FakeRunner | None = None, *, max_running: int = 8, num_blocks: int = 256,
               max_batched_tokens: int = 64, max_prefill_tokens: int = 64,
-              enable_prefix_caching: bool = True) -> EngineCore:
+              enable_prefix_caching: bool = True, num_speculative_tokens: int = 0,
+              speculative_max_batch: int = 4) -> EngineCore:
     runner = runner or FakeRunner()
     block_manager = BlockManager(num_blocks, runner.block_size,
                                  enable_prefix_caching=enable_prefix_caching)
     scheduler = Scheduler(block_manager, max_running=max_running,
                           max_batched_tokens=max_batched_tokens,
-                          max_prefill_tokens=max_prefill_tokens)
+                          max_prefill_tokens=max_prefill_tokens,
+                          num_speculative_tokens=num_speculative_tokens,
+                          speculative_max_batch=speculative_max_batch)
     return EngineCore(runner, FakeTokenizer(), {EOS_ID}, scheduler)
+
+
+def run(core: EngineCore, max_steps: int = 100) -> dict[str, list[RequestOutput]]:
+    """Step until the core is idle; the outputs of each request, in order."""
+    outputs: dict[str, list[RequestOutput]] = defaultdict(list)
+    for _ in range(max_steps):
+        if not core.has_work():
+            return outputs
+        for output in core.step():
+            outputs[output.request_id].append(output)
+    raise AssertionError(f"the core still had work after {max_steps} steps")

@@ -4,27 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections import defaultdict
 
 import pytest
 import torch
-from fakes import EOS_ID, FakeRunner, ids, make_core, make_request
+from fakes import EOS_ID, FakeRunner, ids, make_core, make_request, run
 
-from engine.core import EngineCore, EngineStats
+from engine.core import EngineStats
 from engine.errors import GenerationFailed, RequestTimedOut
 from engine.params import GenerationRequest
 from engine.request import FinishReason, RequestOutput
-
-
-def run(core: EngineCore, max_steps: int = 100) -> dict[str, list[RequestOutput]]:
-    """Step until the core is idle; the outputs of each request, in order."""
-    outputs: dict[str, list[RequestOutput]] = defaultdict(list)
-    for _ in range(max_steps):
-        if not core.has_work():
-            return outputs
-        for output in core.step():
-            outputs[output.request_id].append(output)
-    raise AssertionError(f"the core still had work after {max_steps} steps")
 
 
 def texts(outputs: list[RequestOutput]) -> list[str]:

@@ -172,6 +172,16 @@ def test_flags_override_the_config_file(tmp_path: Path) -> None:
             engine_config.max_prefill_tokens) == (1024, 512, 16, 256, 4096)
 
 
+def test_speculation_comes_from_the_flag_or_the_config_file(tmp_path: Path) -> None:
+    assert configs("--insecure")[0].num_speculative_tokens == 0
+    assert configs("--speculate", "3", "--insecure")[0].num_speculative_tokens == 3
+    path = write_config(tmp_path, {"numSpeculativeTokens": 2, "speculativeMaxBatch": 8})
+    engine_config = configs("--config", str(path), "--insecure")[0]
+    assert (engine_config.num_speculative_tokens, engine_config.speculative_max_batch) == (2, 8)
+    with pytest.raises(ValueError, match="num_speculative_tokens"):
+        configs("--speculate", "-1", "--insecure")
+
+
 def test_enforce_eager_comes_from_the_config_file_or_the_flag(tmp_path: Path) -> None:
     assert configs("--insecure")[0].enforce_eager is False
     assert configs("--enforce-eager", "--insecure")[0].enforce_eager is True
