@@ -261,7 +261,11 @@ def test_on_cuda_concurrent_requests_answer_and_stream_cleanly(cuda_harness) -> 
 @needs_cuda
 def test_on_cuda_graph_replayed_decode_steps_give_the_eager_logits() -> None:
     """Teacher-forced decode steps of 6 sequences, the next tokens chosen by the eager runner:
-    the graph runner's logits agree within bfloat16's rounding and pick the same token."""
+    the graph runner's logits agree within bfloat16's rounding and pick the same token. The
+    two attend with different kernels (graphs: cuDNN's, over a masked bucket of context;
+    eager: flash, unmasked), whose bfloat16 results differ by up to 4 units in the last place
+    of the largest logits after 30 layers (measured on an H100: up to 1.0 for logits up to
+    46); a wrong slot or position gives differences of whole logits."""
     config = EngineConfig(cache_dir=CACHE_DIR, device="cuda")
     loaded = load_model(config)
     tokenizer = loaded.tokenizer
@@ -275,7 +279,7 @@ def test_on_cuda_graph_replayed_decode_steps_give_the_eager_logits() -> None:
     agreeing = total = 0
     for _ in range(24):
         expected, replayed = eager.execute(chunks), graphs.execute(chunks)
-        assert (expected - replayed).abs().max() < 0.5
+        assert (expected - replayed).abs().max() < 0.05 * expected.abs().max()
         agreeing += int((expected.argmax(-1) == replayed.argmax(-1)).sum())
         total += len(chunks)
         chunks = [SequenceChunk(chunk.request_id, [int(token)], chunk.start + len(chunk.token_ids),
