@@ -70,6 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         server = ServerProcess("--tls-dir", str(pki.folder), "--quantization", args.quantization,
                                "--model", str(served), "--device", device.type,
                                "--dtype", str(dtype).removeprefix("torch."),
+                               "--speculate", str(args.speculate),
                                *(["--config", str(args.server_config)] if args.server_config else []))
         try:
             server.wait_ready()
@@ -111,6 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     stem = args.out / "-".join(["quick" if args.quick else "latest",
                                 *([args.quantization] if quantized else []),
+                                *([f"speculate{args.speculate}"] if args.speculate else []),
                                 *([device.type] if device.type != "cpu" else []),
                                 *([args.model.stem] if args.model else [])])
     details = {
@@ -123,6 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                      "prompt_tokens": [args.prompt_min, args.prompt_max], "seed": args.seed,
                      "static_batches": batch_sizes},
         "quantization": args.quantization,
+        "speculate": args.speculate,
         "model": str(served),
         "device": _device_name(device),
         "dtype": str(dtype).removeprefix("torch."),
@@ -168,6 +171,10 @@ def _parser() -> argparse.ArgumentParser:
                         help="the server's --quantization; a quantized run is also compared "
                              "with transformers' static batch of 64 and written as "
                              "latest-<scheme>.* (default: none)")
+    parser.add_argument("--speculate", type=int, default=0, metavar="N",
+                        help="the server's --speculate (n-gram speculation, N guesses per "
+                             "step); results are written as latest-...-speculateN.* "
+                             "(default: 0, off)")
     parser.add_argument("--model", type=Path,
                         help="a Hugging Face folder or .gguf file for the server and the "
                              "baseline (default: the packaged SmolLM2); results are written as "

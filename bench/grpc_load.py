@@ -1,6 +1,8 @@
 """Closed-loop load over gRPC with our generated stubs: C workers, each sending its next
 request when the previous one finishes; one `ModelStreamInfer` RPC per request, so the
-streamed token responses time the first token (TTFT) and the gaps between tokens (TPOT)."""
+streamed token responses time the first token (TTFT), the time per output token after it
+(TPOT: the rest of the request's time over its other tokens) and the gaps between streamed
+tokens (ITL)."""
 
 from __future__ import annotations
 
@@ -23,15 +25,21 @@ REQUEST_TIMEOUT_US = 3600 * 1_000_000
 
 @dataclass(slots=True)
 class Timing:
-    """What one request measured: seconds to its first token, per-token gaps after it.
-    joins_running: sent by a worker after its first request, so into a batch of other
-    streams decoding, rather than in the level's opening burst."""
+    """What one request measured: seconds to its first token, the gap before each token
+    after it (a response of several tokens shares its gap among them). joins_running: sent by
+    a worker after its first request, so into a batch of other streams decoding, rather than
+    in the level's opening burst."""
 
     joins_running: bool
     ttft_s: float | None = None
-    tpots_s: list[float] = field(default_factory=list)
+    gaps_s: list[float] = field(default_factory=list)
     tokens: int = 0
     error: str | None = None
+
+    @property
+    def tpot_s(self) -> float | None:
+        """Seconds per output token after the first (vLLM's TPOT, the baseline's)."""
+        return sum(self.gaps_s) / len(self.gaps_s) if self.gaps_s else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +76,8 @@ async def run_level(channel: grpc.aio.Channel, model_name: str, name: str, strea
     errors = [timing.error for timing in timings if timing.error is not None]
     row = make_row(name, streams, len(timings), len(errors), sum(t.tokens for t in timings),
                    wall_s, cpu_s, [t.ttft_s for t in timings if t.ttft_s is not None],
-                   [gap for t in timings for gap in t.tpots_s],
+                   [t.tpot_s for t in timings if t.tpot_s is not None],
+                   [gap for t in timings for gap in t.gaps_s],
                    [t.ttft_s for t in timings if t.ttft_s is not None and t.joins_running])
     return LevelResult(row, errors)
 
@@ -109,7 +118,7 @@ async def _one_request(stub: pb_grpc.GRPCInferenceServiceStub, model_name: str,
                 if timing.ttft_s is None:
                     timing.ttft_s = now - start
                 else:
-                    timing.tpots_s.extend([(now - last) / count] * count)
+                    timing.gaps_s.extend([(now - last) / count] * count)
                 timing.tokens += count
                 last = now
             final = infer.parameters.get("triton_final_response")
