@@ -30,7 +30,9 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True, slots=True)
 class EngineStats:
     """A snapshot of the engine's load and KV cache (MindIE's slot and block counts);
-    num_steps: the steps that ran the model so far (Triton's execution count)."""
+    num_steps: the steps that ran the model so far (Triton's execution count); speculation
+    so far (vLLM's counters): requests' steps that verified guesses, the guesses verified, and
+    those accepted."""
 
     num_free_blocks: int
     num_total_blocks: int
@@ -40,6 +42,9 @@ class EngineStats:
     block_size: int
     max_batch_size: int
     num_steps: int
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
 
     @property
     def free_slots(self) -> int:
@@ -65,6 +70,7 @@ class EngineCore:
         self._arrivals = itertools.count()
         self._stopped: list[RequestOutput] = []
         self._num_steps = 0
+        self._num_drafts = self._num_draft_tokens = self._num_accepted_tokens = 0
 
     @property
     def num_waiting(self) -> int:
@@ -82,7 +88,9 @@ class EngineCore:
                            num_preemptions=self.scheduler.num_preemptions,
                            block_size=block_manager.block_size,
                            max_batch_size=self.scheduler.max_running,
-                           num_steps=self._num_steps)
+                           num_steps=self._num_steps, num_drafts=self._num_drafts,
+                           num_draft_tokens=self._num_draft_tokens,
+                           num_accepted_tokens=self._num_accepted_tokens)
 
     def has_work(self) -> bool:
         return bool(self._requests)
@@ -166,12 +174,17 @@ class EngineCore:
                 outputs.append(self._append_token(request, token_id, logprob, step_time,
                                                   batch_size))
                 drafts = chunk.draft_token_ids
-                if request.status >= RequestStatus.FINISHED_STOPPED or not drafts:
+                if not drafts:
                     continue
-                if verified[i] < len(drafts) and token_id == drafts[verified[i]]:
+                finished = request.status >= RequestStatus.FINISHED_STOPPED
+                if not finished and verified[i] < len(drafts) and token_id == drafts[verified[i]]:
                     verified[i] += 1
                     still_pending.append(i)
-                else:
+                    continue
+                self._num_drafts += 1
+                self._num_draft_tokens += len(drafts)
+                self._num_accepted_tokens += verified[i]
+                if not finished:
                     request.draft_window.record(verified[i])
                     self._computed(request, chunk.num_tokens - len(drafts) + verified[i])
             pending = still_pending

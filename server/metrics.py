@@ -34,6 +34,9 @@ VLLM_NAMES: dict[str, tuple[str, ...]] = {
     "num_requests_waiting": ("vllm:num_requests_waiting",),
     "kv_cache_usage_perc": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
     "num_preemptions": ("vllm:num_preemptions",),
+    "spec_decode_num_drafts": ("vllm:spec_decode_num_drafts",),
+    "spec_decode_num_draft_tokens": ("vllm:spec_decode_num_draft_tokens",),
+    "spec_decode_num_accepted_tokens": ("vllm:spec_decode_num_accepted_tokens",),
     "prompt_tokens": ("vllm:prompt_tokens",),
     "generation_tokens": ("vllm:generation_tokens",),
     "request_success": ("vllm:request_success",),
@@ -289,7 +292,15 @@ class EngineLoadCollector(Collector):
                                    labels=("model_name",)), stats.num_total_blocks),
                 (CounterMetricFamily("num_preemptions", "Requests preempted (KV blocks freed, "
                                      "recomputed later)", labels=("model_name",)),
-                 stats.num_preemptions)):
+                 stats.num_preemptions),
+                (CounterMetricFamily("spec_decode_num_drafts", "Requests' steps that verified "
+                                     "guessed tokens (n-gram speculation)",
+                                     labels=("model_name",)), stats.num_drafts),
+                (CounterMetricFamily("spec_decode_num_draft_tokens", "Guessed tokens verified",
+                                     labels=("model_name",)), stats.num_draft_tokens),
+                (CounterMetricFamily("spec_decode_num_accepted_tokens", "Guessed tokens "
+                                     "accepted", labels=("model_name",)),
+                 stats.num_accepted_tokens)):
             family.add_metric((self._model_name,), value)
             yield family
 

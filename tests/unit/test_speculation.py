@@ -62,9 +62,12 @@ def test_repeating_text_verifies_several_tokens_a_step_and_gives_the_same_events
     assert [(o.new_token_ids, o.text, o.finish_reason, o.num_generated_tokens) for o in plain] \
         == [(o.new_token_ids, o.text, o.finish_reason, o.num_generated_tokens) for o in speculated]
     assert ("speculate", "cabc") in runner.calls  # the newest token and three guesses
-    assert core.stats().num_steps < plain_core.stats().num_steps - 5
     stats = core.stats()
+    assert stats.num_steps < plain_core.stats().num_steps - 5
     assert stats.num_free_blocks == stats.num_total_blocks
+    # Each step gave the request one token, and one more per accepted guess.
+    assert stats.num_steps + stats.num_accepted_tokens == 12
+    assert 0 < stats.num_accepted_tokens <= stats.num_draft_tokens <= 3 * stats.num_drafts
 
 
 @pytest.mark.parametrize(("prompt", "script", "options"), [
