@@ -24,6 +24,7 @@ from engine.config import EngineConfig, EngineLimits
 from engine.core import EngineCore, EngineStats
 from engine.errors import EngineDead, InvalidRequest, Overloaded
 from engine.fanout import generate_many
+from engine.guided import GuideBuilder
 from engine.loader import LoadedModel, load_model
 from engine.measured_choice import bf16_is_faster
 from engine.paged_runner import PagedRunner, kv_bytes_per_token
@@ -121,7 +122,9 @@ class AsyncEngine:
                               max_prefill_tokens=config.max_prefill_tokens,
                               num_speculative_tokens=speculate,
                               speculative_max_batch=config.speculative_max_batch)
-        core = EngineCore(runner, loaded.tokenizer, loaded.eos_token_ids, scheduler)
+        core = EngineCore(runner, loaded.tokenizer, loaded.eos_token_ids, scheduler,
+                          GuideBuilder.for_tokenizer(loaded.tokenizer,
+                                                     loaded.tokenizer.eos_token_id))
         limits = EngineLimits.from_config(config, vocab_size=loaded.vocab_size,
                                           max_position_embeddings=loaded.max_position_embeddings,
                                           kv_capacity_tokens=num_blocks * config.block_size)
@@ -199,6 +202,12 @@ class AsyncEngine:
         return self._generate_one(request)
 
     async def _generate_one(self, request: GenerationRequest) -> AsyncIterator[RequestOutput]:
+        pattern = request.sampling.pattern
+        if pattern is not None:
+            if self._core.guides is None:
+                raise InvalidRequest(pattern.field, "structured output is not available")
+            # Compiling a pattern can take seconds: not on the engine's thread.
+            await asyncio.to_thread(self._core.guides.prepare, pattern)
         if not self.is_healthy:
             raise EngineDead("the engine is not running")
         if request.request_id in self._internal_ids:

@@ -17,6 +17,7 @@ import torch
 
 from engine.detokenizer import Decoder, IncrementalDetokenizer
 from engine.errors import EngineError, GenerationFailed, RequestTimedOut
+from engine.guided import GuideBuilder
 from engine.params import GenerationRequest
 from engine.paged_runner import SequenceChunk
 from engine.request import (FinishReason, Request, RequestOutput, RequestStatus, RequestTimings,
@@ -61,8 +62,10 @@ class ModelRunner(Protocol):
 
 class EngineCore:
     def __init__(self, runner: ModelRunner, tokenizer: Decoder, eos_token_ids: Collection[int],
-                 scheduler: Scheduler) -> None:
+                 scheduler: Scheduler, guides: GuideBuilder | None = None) -> None:
+        """guides: for requests with structured output (none may come without)."""
         self._runner = runner
+        self.guides = guides
         self._tokenizer = tokenizer
         self._eos_token_ids = frozenset(eos_token_ids)
         self.scheduler = scheduler
@@ -102,6 +105,7 @@ class EngineCore:
             detokenizer=IncrementalDetokenizer(self._tokenizer, spec.prompt_token_ids,
                                                spec.sampling.skip_special_tokens),
             generator=make_generator(spec.sampling.seed),
+            guide=self.guides.guide(spec.sampling.pattern) if spec.sampling.pattern else None,
         )
         self._requests[spec.request_id] = request
         self.scheduler.add(request)
@@ -282,6 +286,8 @@ class EngineCore:
                       step_time: float, batch_size: int) -> RequestOutput:
         sampling = request.spec.sampling
         request.output_token_ids.append(token_id)
+        if request.guide is not None and not request.guide.is_finished():
+            request.guide.advance(token_id)
         token_latency = step_time - (request.last_token_time or request.arrival_time)
         if request.first_token_time is None:
             request.first_token_time = step_time

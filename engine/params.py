@@ -9,6 +9,15 @@ DEFAULT_TIMEOUT_S = 600.0
 
 
 @dataclass(frozen=True, slots=True)
+class OutputPattern:
+    """The regular expression a request's text must match (structured output, see
+    `guided.py`); `field` is the request parameter it came from, which errors name."""
+
+    field: str
+    regex: str
+
+
+@dataclass(frozen=True, slots=True)
 class SamplingParams:
     """Sampling semantics follow MindIE's parameter table.
 
@@ -28,7 +37,8 @@ class SamplingParams:
     penalties (OpenAI's logit_bias); allowed_token_ids: when given, the only tokens that may be
     chosen (vLLM's); log-probabilities stay the model's own. skip_special_tokens: the text
     leaves out special tokens generated (with ignore_eos, EOS); the token that ends a request
-    is never in it.
+    is never in it. pattern: the text must match it; once a match is complete only EOS may
+    follow (vLLM's guided_json, guided_regex, guided_choice).
     """
 
     do_sample: bool
@@ -54,6 +64,7 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()
     skip_special_tokens: bool = True
     allowed_token_ids: frozenset[int] | None = None
+    pattern: OutputPattern | None = None
 
 
 @dataclass(frozen=True, slots=True)

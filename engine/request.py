@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass, field
 
 import torch
+from outlines_core import Guide
 
 from engine.block_manager import BlockTable
 from engine.detokenizer import IncrementalDetokenizer
@@ -114,6 +115,7 @@ class Request:
     last_token_time: float | None = None
     prompt_logprobs: list[float] = field(default_factory=list)  # so far, of prompt tokens 1, 2, ...
     draft_window: DraftWindow = field(default_factory=DraftWindow)
+    guide: Guide | None = None  # structured output: the tokens that may follow (see guided.py)
 
     @property
     def request_id(self) -> str:

@@ -1,10 +1,10 @@
 """Turns one step's logits into the next token of every request that samples.
 
-Penalties, logit biases, allowed tokens and min-token masks apply row by row; greedy rows are
-one argmax for the batch. Sampled rows follow transformers' order (temperature, top-k, top-p,
-min-p, typical-p) and draw with the exponential race (argmax of p / Exp(1) noise, equivalent
-to drawing from p) from the request's own seeded generator, so a seed reproduces its output
-whatever else runs.
+Penalties, logit biases, allowed tokens, structured output and min-token masks apply row by
+row; greedy rows are one argmax for the batch. Sampled rows follow transformers' order
+(temperature, top-k, top-p, min-p, typical-p) and draw with the exponential race (argmax of
+p / Exp(1) noise, equivalent to drawing from p) from the request's own seeded generator, so a
+seed reproduces its output whatever else runs.
 """
 
 from __future__ import annotations
@@ -48,6 +48,8 @@ def sample_batch(logits: torch.Tensor, requests: Sequence[Request],
         _apply_penalties(host_row, request)
         _apply_logit_bias(host_row, params)
         _allow_only(host_row, params.allowed_token_ids)
+        if request.guide is not None:
+            _allow_only(host_row, request.guide.get_tokens())
         _mask_early_stops(host_row, request, eos_token_ids)
         token = (sample_row(host_row, params, request.generator) if params.do_sample
                  else int(host_row.argmax()))
@@ -60,7 +62,7 @@ def _needs_row_work(request: Request, eos_token_ids: Collection[int]) -> bool:
     params = request.spec.sampling
     return (params.do_sample or params.logprobs is not None or params.repetition_penalty != 1.0
             or bool(params.logit_bias) or params.allowed_token_ids is not None
-            or _has_count_penalties(request)
+            or request.guide is not None or _has_count_penalties(request)
             or bool(_early_stops(request, eos_token_ids)))
 
 
@@ -115,7 +117,7 @@ def _apply_logit_bias(logits: torch.Tensor, params: SamplingParams) -> None:
         logits.index_add_(0, torch.tensor(token_ids), torch.tensor(biases, dtype=logits.dtype))
 
 
-def _allow_only(logits: torch.Tensor, allowed: frozenset[int] | None) -> None:
+def _allow_only(logits: torch.Tensor, allowed: Collection[int] | None) -> None:
     if allowed is not None:
         token_ids = list(allowed)
         kept = logits[token_ids]
@@ -125,9 +127,15 @@ def _allow_only(logits: torch.Tensor, allowed: frozenset[int] | None) -> None:
 
 def _mask_early_stops(logits: torch.Tensor, request: Request,
                       eos_token_ids: Collection[int]) -> None:
-    banned = _early_stops(request, eos_token_ids)
+    """Ban the tokens that would end the request before min_new_tokens, unless nothing else
+    is allowed (a complete structured output, allowed_token_ids of stops only): then the
+    request ends early rather than choose a token it may not."""
+    banned = list(_early_stops(request, eos_token_ids))
     if banned:
-        logits[list(banned)] = -torch.inf
+        others = logits.clone()
+        others[banned] = -torch.inf
+        if torch.isfinite(others).any():
+            logits.copy_(others)
 
 
 def _logprob(logprobs: torch.Tensor, token: int, num_top: int) -> TokenLogprob:

@@ -13,7 +13,9 @@ from dataclasses import dataclass
 
 from engine.config import EngineLimits
 from engine.errors import InvalidRequest, PromptTooLong
-from engine.params import DEFAULT_PRIORITY, DEFAULT_TIMEOUT_S, GenerationRequest, SamplingParams
+from engine.guided import choice_pattern, json_schema_pattern
+from engine.params import (DEFAULT_PRIORITY, DEFAULT_TIMEOUT_S, GenerationRequest, OutputPattern,
+                           SamplingParams)
 
 INT32_MAX = 2**31 - 1
 UINT64_MAX = 2**64 - 1
@@ -78,8 +80,11 @@ IGNORED_PARAMS = frozenset({"details", "perf_stat", "batch_size"})
 # Present with one of these, and without do_sample, the request samples (MindIE: do_sample
 # "absent → decided by the other parameters").
 SAMPLING_HINTS = ("temperature", "top_k", "top_p", "typical_p", "min_p")
+# Structured output (vLLM's names): at most one per request.
+PATTERN_PARAMS = ("guided_json", "guided_regex", "guided_choice")
 SUPPORTED_PARAMS = frozenset(FLOAT_RANGES) | frozenset(INT_RANGES) | frozenset(BOOL_PARAMS) \
-    | IGNORED_PARAMS | {"stop", "stop_token_ids", "logit_bias", "allowed_token_ids"}
+    | IGNORED_PARAMS | frozenset(PATTERN_PARAMS) \
+    | {"stop", "stop_token_ids", "logit_bias", "allowed_token_ids"}
 
 
 def build_request(request_id: str, prompt_token_ids: Sequence[int],
@@ -142,6 +147,7 @@ def build_request(request_id: str, prompt_token_ids: Sequence[int],
         logit_bias=_logit_bias(parameters, limits),
         skip_special_tokens=bools["skip_special_tokens"] is not False,
         allowed_token_ids=_allowed_token_ids(parameters, limits),
+        pattern=_output_pattern(parameters),
     )
     return GenerationRequest(
         request_id=request_id,
@@ -171,6 +177,31 @@ def _allowed_token_ids(parameters: Mapping[str, object], limits: EngineLimits
     if allowed is not None and not allowed:
         raise InvalidRequest("allowed_token_ids", "must not be empty: no token could be chosen")
     return allowed
+
+
+def _output_pattern(parameters: Mapping[str, object]) -> OutputPattern | None:
+    """The pattern of guided_json (a JSON schema, or its text), guided_regex or guided_choice
+    (a list of strings); whether the vocabulary can follow it is checked when the engine
+    compiles it."""
+    given = [name for name in PATTERN_PARAMS if parameters.get(name) is not None]
+    if not given:
+        return None
+    if len(given) > 1:
+        raise InvalidRequest(given[1], f"cannot be combined with {given[0]}: a request follows "
+                             "one pattern")
+    name, value = given[0], parameters[given[0]]
+    if name == "guided_json":
+        if not isinstance(value, Mapping | str):
+            raise InvalidRequest(name, f"must be a JSON schema; got {value!r}")
+        return json_schema_pattern(name, value)
+    if name == "guided_regex":
+        if not isinstance(value, str) or not value:
+            raise InvalidRequest(name, f"must be a non-empty regular expression; got {value!r}")
+        return OutputPattern(name, value)
+    if not isinstance(value, list | tuple) or not value or not all(
+            isinstance(choice, str) and choice for choice in value):
+        raise InvalidRequest(name, f"must be a non-empty list of non-empty strings; got {value!r}")
+    return choice_pattern(name, value)
 
 
 def _logit_bias(parameters: Mapping[str, object], limits: EngineLimits

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import re
 from collections.abc import Iterator
 
 import pytest
@@ -17,6 +19,7 @@ from transformers import AutoModelForCausalLM
 
 from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
+from engine.errors import InvalidRequest
 from engine.loader import default_model_path, hf_folder, load_model
 from engine.paged_runner import PagedRunner, SequenceChunk
 from engine.request import FinishReason, RequestOutput
@@ -206,6 +209,33 @@ def test_speculation_keeps_greedy_parity_and_seeded_samples_and_saves_steps(
         assert stats.num_free_blocks == stats.num_total_blocks
     finally:
         speculating.close()
+
+
+def test_structured_output_follows_a_json_schema_a_choice_and_a_regex(harness) -> None:
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                               "is_capital": {"type": "boolean"}},
+              "required": ["city", "is_capital"]}
+    chat = ("<|im_start|>user\nThe capital of France, as JSON.<|im_end|>\n"
+            "<|im_start|>assistant\n")
+    as_json, choice, phone = harness.generate(
+        harness.request(chat, do_sample=False, max_new_tokens=60, guided_json=schema),
+        harness.request("Is Paris in France?", do_sample=True, seed=3, max_new_tokens=8,
+                        guided_choice=["yes", "no"]),
+        harness.request("A phone number:", do_sample=True, seed=3, max_new_tokens=12,
+                        guided_regex=r"[0-9]{3}-[0-9]{4}"))
+    answer = json.loads(text_of(as_json))
+    assert set(answer) == {"city", "is_capital"} and "Paris" in answer["city"]
+    assert isinstance(answer["is_capital"], bool)
+    assert text_of(choice) in ("yes", "no")
+    assert re.fullmatch(r"[0-9]{3}-[0-9]{4}", text_of(phone))
+    assert all(events[-1].finish_reason is FinishReason.EOS
+               for events in (as_json, choice, phone))
+
+
+def test_a_regex_the_vocabulary_cannot_follow_is_refused_naming_it(harness) -> None:
+    with pytest.raises(InvalidRequest) as info:
+        harness.generate(harness.request("Hi", guided_regex="(unclosed"))
+    assert info.value.field == "guided_regex"
 
 
 def test_an_unseeded_request_reports_the_seed_that_reproduces_it(harness) -> None:
