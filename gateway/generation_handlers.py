@@ -80,6 +80,7 @@ class TgiHandler(GenerationHandler):
 
     async def generate_tgi(self, document: object) -> None:
         request, options = tgi.generate_request_to_pb(document, self.stream)
+        self.names = options.names
         generation = Generation()
         call = self.generate(request, options.deadline_s)
         if options.stream:

@@ -148,6 +148,10 @@ PARAMETERS: dict[str, JSON] = {
     "allowed_token_ids": array(TOKEN_ID, minItems=1),
     # A JSON object in a string, as the gRPC parameter carries it.
     "logit_bias": {**STRING, "description": 'token ids to biases in [-100, 100]: {"7042": -100}'},
+    "guided_json": {**STRING, "description": "a JSON schema (its JSON text) the output must "
+                    "follow"},
+    "guided_regex": {**STRING, "description": "a regular expression the output must match"},
+    "guided_choice": array(TEXT, minItems=1),
     "priority": integer(1, 5),
     "timeout": number(0, MAX_TIMEOUT_S, low_open=True), "watermark": only(False, BOOLEAN),
     "details": BOOLEAN, "perf_stat": BOOLEAN, "batch_size": integer(0),
@@ -159,8 +163,10 @@ TGI_PARAMETERS: dict[str, JSON] = {
     "temperature": POSITIVE, "top_k": TOP_K, "top_p": PROBABILITY,
     "truncate": TRUNCATE, "typical_p": PROBABILITY,
     "watermark": only(False, BOOLEAN), "top_n_tokens": TOP_LOGPROBS,
+    "grammar": obj({"type": {"type": "string", "enum": ["json", "regex", "json_schema"]},
+                    "value": {}}, ["type", "value"]),
     # Refused unless null.
-    "grammar": only(None, {"type": "object"}), "adapter_id": only(None, STRING),
+    "adapter_id": only(None, STRING),
 }
 # OpenAI's sampling fields and vLLM's extras; temperature 0 is greedy.
 OPENAI_SAMPLING: dict[str, JSON] = {
@@ -170,12 +176,21 @@ OPENAI_SAMPLING: dict[str, JSON] = {
     "ignore_eos": BOOLEAN, "stop_token_ids": array(TOKEN_ID),
     "allowed_token_ids": array(TOKEN_ID, minItems=1), "include_stop_str_in_output": BOOLEAN,
     "skip_special_tokens": BOOLEAN, "truncate_prompt_tokens": TRUNCATE,
+    "guided_json": {"oneOf": [{"type": "object"}, STRING]}, "guided_regex": STRING,
+    "guided_choice": array(TEXT, minItems=1),
 }
 OPENAI_COMMON: dict[str, JSON] = {
     **OPENAI_SAMPLING, "model": STRING, "max_tokens": MAX_NEW_TOKENS, "stream": BOOLEAN,
     "stream_options": obj({"include_usage": nullable(BOOLEAN),
                            "continuous_usage_stats": nullable(BOOLEAN)}),
     "logit_bias": {"type": "object", "additionalProperties": LOGIT_BIAS},
+    # OpenAI's forms, and TGI's ("json" or "regex" with a value).
+    "response_format": obj({
+        "type": {"type": "string",
+                 "enum": ["text", "json_object", "json_schema", "json", "regex"]},
+        "json_schema": obj({"name": STRING, "description": STRING, "schema": {"type": "object"},
+                            "strict": nullable(BOOLEAN)}, ["schema"]),
+        "value": {}}, ["type"]),
     # Accepted, without effect.
     "user": STRING, "store": BOOLEAN, "metadata": {"type": "object"}, "service_tier": STRING,
     "parallel_tool_calls": BOOLEAN,
@@ -230,9 +245,7 @@ REQUESTS: dict[str, JSON] = {
         **optional(OPENAI_COMMON), "messages": array(MESSAGE, minItems=1),
         **optional({"max_completion_tokens": MAX_NEW_TOKENS, "logprobs": BOOLEAN,
                     "top_logprobs": TOP_LOGPROBS, "tools": array({}, maxItems=0),
-                    "tool_choice": only("none", STRING),
-                    "response_format": obj({"type": only("text", STRING)}, ["type"],
-                                           closed=True)}),
+                    "tool_choice": only("none", STRING)}),
     }, ["messages"], closed=True),
     "CompletionRequest": obj({
         **optional(OPENAI_COMMON),

@@ -32,10 +32,10 @@ TRITON_RESERVED_PARAMETERS = frozenset({"sequence_id", "sequence_start", "sequen
                                         "binary_data_output"})
 MICROSECONDS = 1_000_000
 # Parameters whose values InferParameter has no type for, sent as JSON in a string_param:
-# several values as an array, OpenAI's logit_bias ({"token id": bias}) as an object. Each is
-# decoded where the string opens as its JSON would.
+# several values as an array, OpenAI's logit_bias and a guided_json schema as an object. Each
+# is decoded where the string opens as its JSON would.
 JSON_PARAMETERS = {"stop": "array", "stop_token_ids": "array", "allowed_token_ids": "array",
-                   "logit_bias": "object"}
+                   "logit_bias": "object", "guided_json": "object", "guided_choice": "array"}
 JSON_OPENINGS = {"array": "[", "object": "{"}
 UNCARRIED_PARAMETERS = frozenset({"logprobs", "top_logprobs", "prompt_logprobs"})
 # MindIE's Triton token interface: request ids of at most 256 of these characters, and at most

@@ -4,6 +4,7 @@ server's error messages told in the protocol's own field names."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -44,6 +45,45 @@ def generate_request(model: str, prompt: str | list[int] | sb.ChatMessages,
             raise
         field, message = field_in_protocol(error.message, names)
         raise RequestError(error.status, message, field or error.field) from None
+
+
+def output_format(field: str, value: object) -> dict[str, object]:
+    """A structured-output request as the server's pattern parameter: OpenAI's
+    response_format ({"type": "text" | "json_object"}, or "json_schema" with
+    {"json_schema": {"schema": …}}) or TGI's grammar ({"type": "json", "value": schema},
+    {"type": "regex", "value": expression}, or "json_schema" with {"value": {"schema": …}}).
+    A schema travels as JSON text; `field` names the request's field in errors."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise bad_request(field, f"must be an object with a type; got {value!r}")
+    kind = value.get("type")
+    if kind == "text":
+        return {}
+    if kind == "json_object":
+        return {"guided_json": _json_text({"type": "object"})}
+    if kind == "json":
+        return {"guided_json": _json_text(_required(value, field, "value"))}
+    if kind == "regex":
+        return {"guided_regex": _required(value, field, "value")}
+    if kind == "json_schema":
+        holder = "value" if "value" in value else "json_schema"
+        spec = _required(value, field, holder)
+        if not isinstance(spec, dict):
+            raise bad_request(f"{field}.{holder}", f"must be an object with a schema; got {spec!r}")
+        return {"guided_json": _json_text(_required(spec, f"{field}.{holder}", "schema"))}
+    raise bad_request(f"{field}.type", 'must be "text", "json_object", "json_schema", "json" or '
+                      f'"regex"; got {kind!r}')
+
+
+def _json_text(schema: object) -> object:
+    return json.dumps(schema) if isinstance(schema, dict) else schema
+
+
+def _required(value: Mapping[str, object], field: str, name: str) -> object:
+    if value.get(name) is None:
+        raise bad_request(f"{field}.{name}", "is required")
+    return value[name]
 
 
 def renamed(values: Mapping[str, object], names: Mapping[str, str]) -> dict[str, object]:

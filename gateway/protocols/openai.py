@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 import grpc
 
 from gateway.errors import bad_request
-from gateway.protocols.generation import (Generation, generate_request,
-                                          optional_bool, renamed)
+from gateway.protocols.generation import (Generation, generate_request, optional_bool,
+                                          output_format, renamed)
 from gateway.protocols.kserve import optional_string, refuse_unknown, require_object
 from gateway.protocols.parameters import json_type
 from proto import switchboard_pb2 as sb
@@ -46,7 +46,8 @@ SAMPLING_FIELDS = frozenset({"temperature", "top_p", "n", "stop", "seed", "prese
                              "frequency_penalty", "top_k", "min_p", "repetition_penalty",
                              "min_tokens", "ignore_eos", "stop_token_ids", "allowed_token_ids",
                              "include_stop_str_in_output", "skip_special_tokens",
-                             "truncate_prompt_tokens"})
+                             "truncate_prompt_tokens", "guided_json", "guided_regex",
+                             "guided_choice"})
 # `model` values meaning the served model (see the module's docstring).
 SERVED_MODEL_PLACEHOLDERS = frozenset({"tgi", "dummy"})
 # Accepted and without effect here (OpenAI's bookkeeping fields).
@@ -56,7 +57,7 @@ CHAT_FIELDS = SAMPLING_FIELDS | IGNORED_FIELDS | {
     "stream", "stream_options", "tools", "tool_choice", "response_format", "logit_bias"}
 COMPLETION_FIELDS = SAMPLING_FIELDS | IGNORED_FIELDS | {
     "model", "prompt", "max_tokens", "logprobs", "echo", "best_of", "stream", "stream_options",
-    "suffix", "logit_bias"}
+    "suffix", "logit_bias", "response_format"}
 FINISH_REASONS = {"length": "length", "eos_token": "stop", "stop_sequence": "stop",
                   "stopped": "stop"}
 HTTP_STATUS = {
@@ -112,9 +113,6 @@ def chat_request_to_pb(document: object) -> tuple[list[Call], OpenAIOptions]:
         raise bad_request("tools", "tool calling is not supported")
     if document.get("tool_choice") not in (None, "none"):
         raise bad_request("tool_choice", "tool calling is not supported")
-    response_format = document.get("response_format")
-    if response_format is not None and response_format != {"type": "text"}:
-        raise bad_request("response_format", "only {\"type\": \"text\"} is supported")
     values = _sampling(document)
     newer = _max_tokens(document, "max_completion_tokens")
     older = _max_tokens(document, "max_tokens")
@@ -122,7 +120,8 @@ def chat_request_to_pb(document: object) -> tuple[list[Call], OpenAIOptions]:
         if older is not None else UNLIMITED
     logprobs = optional_bool(document, "logprobs")
     values.update(logprobs=logprobs, top_logprobs=document.get("top_logprobs"))
-    names = CHAT_NAMES_NEW_MAX if newer is not None else CHAT_NAMES
+    names = _with_format(document, values, CHAT_NAMES_NEW_MAX if newer is not None
+                         else CHAT_NAMES)
     request, deadline_s = generate_request(_model(document), chat_messages(messages), values,
                                            names=names)
     return [Call(request, None)], _options(document, "chat.completion", logprobs, False,
@@ -142,6 +141,7 @@ def completion_request_to_pb(document: object) -> tuple[list[Call], OpenAIOption
     top = document.get("logprobs")
     if top is not None:
         values.update(logprobs=True, top_logprobs=top)
+    names = _with_format(document, values, COMPLETION_NAMES)
     calls = []
     deadline_s = 0.0
     for prompt in prompts:
@@ -149,10 +149,19 @@ def completion_request_to_pb(document: object) -> tuple[list[Call], OpenAIOption
         prompt_values = {**values, "prompt_logprobs": True} if echo and not isinstance(
             prompt, str) else values
         request, deadline_s = generate_request(_model(document), prompt, prompt_values,
-                                               names=COMPLETION_NAMES)
+                                               names=names)
         calls.append(Call(request, prompt if isinstance(prompt, str) else None))
     return calls, _options(document, "text_completion", top is not None, echo, deadline_s,
-                           COMPLETION_NAMES)
+                           names)
+
+
+def _with_format(document: Mapping[str, object], values: dict[str, object],
+                 names: Mapping[str, str]) -> Mapping[str, str]:
+    """Add response_format's pattern to `values`; the names, with errors about that pattern
+    naming response_format."""
+    pattern = output_format("response_format", document.get("response_format"))
+    values.update(pattern)
+    return {**names, **{"response_format": name for name in pattern}}
 
 
 def _checked(document: object, fields: frozenset[str]) -> dict[str, object]:
@@ -172,6 +181,8 @@ def _sampling(document: Mapping[str, object]) -> dict[str, object]:
     if document.get("logit_bias") is not None:
         # An object, which a parameter carries as JSON text (the server checks its entries).
         values["logit_bias"] = json.dumps(require_object(document["logit_bias"], "logit_bias"))
+    if isinstance(values.get("guided_json"), dict):
+        values["guided_json"] = json.dumps(values["guided_json"])  # likewise
     temperature = values.get("temperature")
     if temperature == 0:
         del values["temperature"]

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 
 from gateway.errors import bad_request
 from gateway.protocols.generation import (Generation, SequenceResult, generate_request,
-                                          optional_bool, renamed)
+                                          optional_bool, output_format, renamed)
 from gateway.protocols.kserve import refuse_unknown, require_object, required_string
 from gateway.protocols.openai import chat_request_to_pb
 from gateway.protocols.parameters import json_type
@@ -39,8 +39,8 @@ GENERATION_PARAMETERS = frozenset({"best_of", "do_sample", "max_new_tokens", "re
                                    "top_p", "typical_p", "watermark", "truncate", "top_n_tokens",
                                    "decoder_input_details"})
 RENDERING_PARAMETERS = frozenset({"details", "return_full_text"})
-UNSUPPORTED = {"grammar": "grammar is not supported",
-               "adapter_id": "LoRA adapters are not supported"}
+UNSUPPORTED = {"adapter_id": "LoRA adapters are not supported"}
+FORMAT_PARAMETERS = frozenset({"grammar"})  # structured output (see output_format)
 HTTP_STATUS = {
     grpc.StatusCode.INVALID_ARGUMENT: 422,
     grpc.StatusCode.NOT_FOUND: 404,
@@ -65,6 +65,8 @@ class TgiOptions:
     best_of: int
     inputs: str
     deadline_s: float
+    # The request's field names → MindIE's, for the server's error messages.
+    names: Mapping[str, str] = field(default_factory=lambda: NAMES)
 
 
 def is_tgi(document: object) -> bool:
@@ -112,8 +114,8 @@ def generate_request_to_pb(document: object, stream: bool | None
     for name, reason in UNSUPPORTED.items():
         if parameters.get(name) is not None:
             raise bad_request(name, reason)
-    refuse_unknown(parameters, GENERATION_PARAMETERS | RENDERING_PARAMETERS | set(UNSUPPORTED),
-                   "parameter")
+    refuse_unknown(parameters, GENERATION_PARAMETERS | RENDERING_PARAMETERS | FORMAT_PARAMETERS
+                   | set(UNSUPPORTED), "parameter")
     options = TgiOptions(
         stream=stream,
         details=optional_bool(parameters, "details"),
@@ -133,8 +135,11 @@ def generate_request_to_pb(document: object, stream: bool | None
     # best_of travels as n: every sequence comes back, and the best is chosen here. TGI's
     # generated text keeps the stop sequence that ended it.
     values.update(logprobs=True, include_stop_str_in_output=True)
-    request, deadline_s = generate_request("", inputs, values, names=NAMES)
-    return request, dataclasses.replace(options, deadline_s=deadline_s)
+    pattern = output_format("grammar", parameters.get("grammar"))
+    values.update(pattern)
+    names = {**NAMES, **{"grammar": name for name in pattern}}
+    request, deadline_s = generate_request("", inputs, values, names=names)
+    return request, dataclasses.replace(options, deadline_s=deadline_s, names=names)
 
 
 def _count(parameters: Mapping[str, object], name: str, default: int) -> int:

@@ -67,6 +67,24 @@ def test_chat_completion_answers_paris(greedy_chat) -> None:
     assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
 
 
+def test_response_format_json_schema_gives_json_that_follows_it(client) -> None:
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                               "is_capital": {"type": "boolean"}},
+              "required": ["city", "is_capital"]}
+    reply = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "The capital of France, as JSON."}],
+        temperature=0, max_tokens=40,
+        response_format={"type": "json_schema", "json_schema": {"name": "city",
+                                                                "schema": schema}})
+    answer = json.loads(reply.choices[0].message.content)
+    assert set(answer) == {"city", "is_capital"} and "Paris" in answer["city"]
+    assert reply.choices[0].finish_reason == "stop"
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=4,
+                                       response_format={"type": "json_schema"})
+    assert info.value.body["param"] == "response_format.json_schema"
+
+
 def test_streamed_chat_yields_the_same_text_and_a_usage_chunk(client, greedy_chat) -> None:
     chunks = list(client.chat.completions.create(
         model=MODEL, messages=QUESTION, temperature=0, max_tokens=16, stream=True,

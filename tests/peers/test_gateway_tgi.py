@@ -113,6 +113,21 @@ def test_a_stop_sequence_stays_in_the_generated_text(tgi) -> None:
 
 
 
+CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                        "is_capital": {"type": "boolean"}},
+        "required": ["city", "is_capital"]}
+
+
+def test_a_grammar_keeps_the_text_to_a_json_schema_or_a_regex(tgi) -> None:
+    answer = tgi.text_generation("The capital of France, as JSON:", max_new_tokens=40,
+                                 grammar={"type": "json", "value": CITY})
+    assert set(json.loads(answer)) == {"city", "is_capital"}
+    assert tgi.text_generation("Is Paris in France? Answer:", max_new_tokens=5,
+                               grammar={"type": "regex", "value": "(yes|no)"}) in ("yes", "no")
+    with pytest.raises(ValidationError, match="grammar"):
+        tgi.text_generation(PROMPT, max_new_tokens=5, grammar={"type": "regex", "value": "("})
+
+
 def test_chat_completion_through_tgis_client(tgi) -> None:
     """InferenceClient sends the model name "dummy" to a server given by URL: TGI ignores the
     name, and so must a drop-in replacement."""

@@ -310,7 +310,8 @@ def test_tgi_stream_decided_by_the_body_on_post_root() -> None:
     ({"inputs": ["a"]}, "inputs"),
     ({"inputs": None}, "inputs"),
     ({"inputs": "x", "parameters": "greedy"}, "parameters"),
-    ({"inputs": "x", "parameters": {"grammar": {"type": "json", "value": {}}}}, "grammar"),
+    ({"inputs": "x", "parameters": {"grammar": {"type": "xml", "value": "<a/>"}}},
+     "grammar.type"),
     ({"inputs": "x", "parameters": {"adapter_id": "lora-1"}}, "adapter_id"),
     ({"inputs": "x", "parameters": {"max_tokens": 5}}, "max_tokens"),
     ({"inputs": "x", "parameters": {"details": "yes"}}, "details"),
@@ -556,7 +557,7 @@ def test_chat_max_tokens_zero_is_not_unlimited() -> None:
     ({"max_completion_tokens": 1.5}, "max_completion_tokens"),
     ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     ({"tool_choice": "auto"}, "tool_choice"),
-    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
     ({"logit_bias": [1]}, "logit_bias"),
     ({"functions": []}, "functions"),
     ({"echo": True}, "echo"),
@@ -580,6 +581,61 @@ def test_vllms_token_extras_travel_under_the_servers_names(translate) -> None:
     assert {name: value for name, value in params(call.request).items()
             if name in ("allowed_token_ids", "include_stop_str_in_output", "truncate")} == {
         "allowed_token_ids": "[5, 7]", "include_stop_str_in_output": True, "truncate": 100}
+
+
+SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}}
+
+
+@pytest.mark.parametrize("response_format, expected", [
+    ({"type": "json_object"}, {"guided_json": {"type": "object"}}),
+    ({"type": "json_schema", "json_schema": {"name": "city", "schema": SCHEMA, "strict": True}},
+     {"guided_json": SCHEMA}),
+    ({"type": "json", "value": SCHEMA}, {"guided_json": SCHEMA}),  # TGI's chat form
+    ({"type": "regex", "value": "[0-9]+"}, {"guided_regex": "[0-9]+"}),
+    ({"type": "text"}, {}),
+], ids=["json-object", "json-schema", "tgi-json", "tgi-regex", "text"])
+@pytest.mark.parametrize("translate", [chat, completion], ids=["chat", "completion"])
+def test_response_format_travels_as_the_servers_pattern_parameter(
+        translate, response_format, expected) -> None:
+    [call], _ = translate(response_format=response_format)
+    carried = {name: value for name, value in params(call.request).items()
+               if name.startswith("guided_")}
+    assert {name: json.loads(value) if name == "guided_json" else value
+            for name, value in carried.items()} == expected
+
+
+def test_vllms_guided_extras_travel_as_they_are() -> None:
+    [call], _ = chat(guided_choice=["yes", "no"], guided_regex="a+", guided_json=SCHEMA)
+    values = params(call.request)
+    assert (json.loads(values["guided_choice"]), values["guided_regex"],
+            json.loads(values["guided_json"])) == (["yes", "no"], "a+", SCHEMA)
+
+
+@pytest.mark.parametrize("grammar, expected", [
+    ({"type": "json", "value": SCHEMA}, {"guided_json": SCHEMA}),
+    ({"type": "json", "value": json.dumps(SCHEMA)}, {"guided_json": json.dumps(SCHEMA)}),
+    ({"type": "regex", "value": "(yes|no)"}, {"guided_regex": "(yes|no)"}),
+    ({"type": "json_schema", "value": {"name": "c", "schema": SCHEMA}}, {"guided_json": SCHEMA}),
+], ids=["json", "json-text", "regex", "json-schema"])
+def test_tgis_grammar_travels_as_the_servers_pattern_parameter(grammar, expected) -> None:
+    request, _ = tgi.generate_request_to_pb({"inputs": "x", "parameters": {"grammar": grammar}},
+                                            False)
+    carried = {name: value for name, value in params(request).items()
+               if name.startswith("guided_")}
+    # An object travels as JSON text; a schema given as text travels as that text.
+    assert {name: json.loads(value) if name == "guided_json" and isinstance(
+        expected[name], dict) else value for name, value in carried.items()} == expected
+
+
+@pytest.mark.parametrize("grammar, field", [
+    ("json", "grammar"),
+    ({"type": "json"}, "grammar.value"),
+    ({"type": "json_schema", "value": {"name": "c"}}, "grammar.value.schema"),
+], ids=["not-object", "no-value", "no-schema"])
+def test_tgi_grammar_refusals_name_the_field(grammar, field) -> None:
+    error = refused(tgi.generate_request_to_pb, {"inputs": "x", "parameters": {
+        "grammar": grammar}}, False)
+    assert error.field == field
 
 
 def test_logit_bias_travels_as_a_json_object_parameter() -> None:
