@@ -286,8 +286,8 @@ class EngineCore:
                       step_time: float, batch_size: int) -> RequestOutput:
         sampling = request.spec.sampling
         request.output_token_ids.append(token_id)
-        if request.guide is not None and not request.guide.is_finished():
-            request.guide.advance(token_id)
+        if request.guide is not None and token_id not in self._eos_token_ids:
+            request.guide.advance(token_id)  # a match, complete or not, may go on
         token_latency = step_time - (request.last_token_time or request.arrival_time)
         if request.first_token_time is None:
             request.first_token_time = step_time

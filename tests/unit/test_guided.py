@@ -82,6 +82,16 @@ def test_the_text_follows_the_pattern_and_ends_with_eos_once_it_is_complete() ->
     assert all(outputs[name][-1].finish_reason is FinishReason.EOS for name in outputs)
 
 
+def test_a_match_that_could_end_goes_on_as_far_as_the_pattern_allows() -> None:
+    """After 'a' the match 'a{1,2}' is complete, yet the model's next 'a' is still followed."""
+    core = make_core(FakeRunner(scripts={"p": "a"}))
+    core.guides = letter_guides()
+    core.add(guided("r", "p", "a{1,2}"))
+    events = run(core)["r"]
+    assert "".join(event.text for event in events) == "aa"
+    assert events[-1].finish_reason is FinishReason.EOS
+
+
 def test_a_complete_pattern_ends_the_request_even_before_min_new_tokens() -> None:
     """The pattern allows only EOS, min_new_tokens bans it: the pattern wins."""
     core = make_core(FakeRunner(scripts={"p": "cab"}))
