@@ -56,7 +56,7 @@ def output_format(field: str, value: object) -> dict[str, object]:
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise bad_request(field, f"must be an object with a type; got {value!r}")
+        raise bad_request(field, f"must be an object with a type; got {json.dumps(value)}")
     kind = value.get("type")
     if kind == "text":
         return {}
@@ -70,10 +70,11 @@ def output_format(field: str, value: object) -> dict[str, object]:
         holder = "value" if "value" in value else "json_schema"
         spec = _required(value, field, holder)
         if not isinstance(spec, dict):
-            raise bad_request(f"{field}.{holder}", f"must be an object with a schema; got {spec!r}")
+            raise bad_request(f"{field}.{holder}",
+                              f"must be an object with a schema; got {json.dumps(spec)}")
         return {"guided_json": _json_text(_required(spec, f"{field}.{holder}", "schema"))}
     raise bad_request(f"{field}.type", 'must be "text", "json_object", "json_schema", "json" or '
-                      f'"regex"; got {kind!r}')
+                      f'"regex"; got {json.dumps(kind)}')
 
 
 def _json_text(schema: object) -> object:
