@@ -24,7 +24,7 @@ from transformers import AutoTokenizer
 
 from bench import report
 from bench.baseline import Baseline
-from bench.grpc_load import LevelResult, run_level, secure_channel
+from bench.grpc_load import LevelResult, run_level, secure_channel, speculation_counters
 from bench.metrics import Row
 from bench.workload import PARAGRAPH, PromptSource
 from engine.config import DTYPES, QUANTIZATIONS
@@ -83,7 +83,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             batch_sizes = [BATCH_SIZE, *([LARGE_BATCH_SIZE] if quantized and 64 in levels
                                          else [])]
             batch_prompts = [source.draw(size) for size in batch_sizes]
-            results = asyncio.run(_drive(server, pki, warm_up, level_prompts, new_tokens))
+            results, speculation = asyncio.run(_drive(server, pki, warm_up, level_prompts,
+                                                      new_tokens))
             server_peak_rss = server.peak_rss_bytes()
         finally:
             server.stop()
@@ -126,6 +127,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                      "static_batches": batch_sizes},
         "quantization": args.quantization,
         "speculate": args.speculate,
+        # By level: requests' verifying steps, guessed tokens verified, and accepted.
+        "speculation": speculation if args.speculate else None,
         "model": str(served),
         "device": _device_name(device),
         "dtype": str(dtype).removeprefix("torch."),
@@ -204,8 +207,11 @@ def _levels(text: str) -> tuple[int, ...]:
 
 
 async def _drive(server: ServerProcess, pki: DevPKIPaths, warm_up: Prompts,
-                 level_prompts: dict[int, Prompts], new_tokens: int) -> dict[int, LevelResult]:
+                 level_prompts: dict[int, Prompts], new_tokens: int
+                 ) -> tuple[dict[int, LevelResult], dict[int, dict[str, float]]]:
+    """Each level's results, and its speculation counters (the server's, over the level)."""
     results: dict[int, LevelResult] = {}
+    speculation: dict[int, dict[str, float]] = {}
     async with secure_channel(server.address, pki.ca_cert, pki.client_cert,
                               pki.client_key) as channel:
         await run_level(channel, server.model_name, "warm-up", 1, warm_up, WARM_UP_TOKENS,
@@ -213,12 +219,18 @@ async def _drive(server: ServerProcess, pki: DevPKIPaths, warm_up: Prompts,
         for streams, prompts in level_prompts.items():
             name = f"switchboard, {streams} stream{'s' if streams > 1 else ''}"
             print(f"{name}: {len(prompts)} requests of {new_tokens} tokens", flush=True)
+            before = await speculation_counters(channel)
             result = results[streams] = await run_level(
                 channel, server.model_name, name, streams, prompts, new_tokens,
                 partial(cpu_seconds, server))
-            print(f"  {result.row.tokens_per_s:.1f} tokens/s, {result.row.errors} errors",
-                  flush=True)
-    return results
+            after = await speculation_counters(channel)
+            counts = speculation[streams] = {key: after[key] - before.get(key, 0.0)
+                                             for key in after}
+            guessed = counts.get("draft_tokens", 0.0)
+            print(f"  {result.row.tokens_per_s:.1f} tokens/s, {result.row.errors} errors"
+                  + (f"; {counts['accepted_tokens']:.0f} of {guessed:.0f} guessed tokens "
+                     "accepted" if guessed else ""), flush=True)
+    return results, speculation
 
 
 def _baselines(baseline: Baseline, warm_up: Prompts, single_prompts: Prompts,

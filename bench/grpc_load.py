@@ -14,10 +14,13 @@ from pathlib import Path
 
 import grpc
 import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.metrics import Row, make_row
 from proto import grpc_service_pb2 as pb
 from proto import grpc_service_pb2_grpc as pb_grpc
+from proto import switchboard_pb2 as sb
+from proto import switchboard_pb2_grpc as sb_grpc
 
 # The engine's own per-request timeout (600 s by default) must not cut a slow level short.
 REQUEST_TIMEOUT_US = 3600 * 1_000_000
@@ -80,6 +83,17 @@ async def run_level(channel: grpc.aio.Channel, model_name: str, name: str, strea
                    [gap for t in timings for gap in t.gaps_s],
                    [t.ttft_s for t in timings if t.ttft_s is not None and t.joins_running])
     return LevelResult(row, errors)
+
+
+async def speculation_counters(channel: grpc.aio.Channel) -> dict[str, float]:
+    """The server's speculation counters so far (see its metrics), without their prefix:
+    drafts (requests' verifying steps), draft_tokens and accepted_tokens."""
+    metrics = await sb_grpc.ManagementStub(channel).GetMetrics(sb.GetMetricsRequest())
+    prefix = "vllm:spec_decode_num_"
+    return {sample.name.removeprefix(prefix).removesuffix("_total"): sample.value
+            for family in text_string_to_metric_families(metrics.text)
+            for sample in family.samples
+            if sample.name.startswith(prefix) and sample.name.endswith("_total")}
 
 
 def _request(model_name: str, prompt: tuple[int, ...],
