@@ -37,8 +37,8 @@ class SamplingParams:
     penalties (OpenAI's logit_bias); allowed_token_ids: when given, the only tokens that may be
     chosen (vLLM's); log-probabilities stay the model's own. skip_special_tokens: the text
     leaves out special tokens generated (with ignore_eos, EOS); the token that ends a request
-    is never in it. pattern: the text must match it; once a match is complete only EOS may
-    follow (vLLM's guided_json, guided_regex, guided_choice).
+    is never in it. pattern: the text must match it: EOS may follow a complete match, and
+    must follow one that cannot go on (vLLM's guided_json, guided_regex, guided_choice).
     """
 
     do_sample: bool
