@@ -8,11 +8,12 @@ attention is one call per layer for the whole batch (see `attention.py`).
 On a CPU, a projection is computed as nn.Linear's x @ Wᵀ or as (W @ xᵀ)ᵀ, whichever was
 faster for its number of rows when the model was loaded (see `measured_choice.py`).
 
-With a quantization plan the projections, the LM head and the embedding hold integer weights
-(see `quantization.py`) and return bf16 or float32, as their kernels do; the residual stream
-and norms stay in float32, and Q/K/V are rotated and attended in the KV cache's dtype (bf16
-where the CPU multiplies bf16 fast, else float32). Sums with the float32 residual stream
-promote, so no conversion is spent on what the next op would convert anyway.
+The residual stream is float32 for every model; a bf16 or fp16 model's norms hand its
+projections their input in the model's dtype. With a quantization plan the projections, the
+LM head and the embedding hold integer weights (see `quantization.py`) and return bf16 or
+float32, as their kernels do, and Q/K/V are rotated and attended in the KV cache's dtype
+(bf16 where the CPU multiplies bf16 fast, else float32). Sums with the float32 residual
+stream promote, so no conversion is spent on what the next op would convert anyway.
 
 On CUDA, decode steps replay CUDA graphs (see `decode_graphs.py`).
 """
@@ -103,8 +104,9 @@ class Projection:
 
 
 class RMSNorm:
-    """The model's RMSNorm as one fused op (transformers' module runs about seven). In reduced
-    precision it normalises in float32 and scales after casting back, as transformers does."""
+    """The model's RMSNorm as one fused op (transformers' module runs about seven). A model in
+    reduced precision normalises the float32 residual stream and scales after casting to its
+    dtype, as transformers does from its reduced-precision stream."""
 
     def __init__(self, module: nn.Module) -> None:
         # A copy: no view into the loaded checkpoint's mapped file may outlive the model.
@@ -112,9 +114,10 @@ class RMSNorm:
         self.eps = module.variance_epsilon
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype == torch.float32:
+        if self.weight.dtype == torch.float32:
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
-        return self.weight * F.rms_norm(x.float(), self.weight.shape, None, self.eps).to(x.dtype)
+        normed = F.rms_norm(x.float(), self.weight.shape, None, self.eps)
+        return self.weight * normed.to(self.weight.dtype)
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,7 +284,10 @@ class PagedRunner:
 
     def _forward(self, batch: AttentionBatch) -> torch.Tensor:
         """The logits at batch.sample_index, on the device, without host synchronisation."""
-        hidden = self._embed(batch.token_ids)
+        # The residual stream is float32 whatever the weights: against a float32 model's
+        # logits, a bfloat16 model's mean error halved (0.17 to 0.09 on a chat prompt, CPU
+        # and H100 alike; transformers' bfloat16 stream: 0.17-0.20), at no measured cost.
+        hidden = self._embed(batch.token_ids).float()
         cos, sin = self._rotary(hidden, batch.positions.unsqueeze(0))
         attention_dtype = self._cache_dtype
         cos = cos[0].unsqueeze(1).to(attention_dtype)
