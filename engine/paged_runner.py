@@ -36,7 +36,7 @@ from engine.decode_graphs import DecodeGraphs
 from engine.host_memory import release_free_heap
 from engine.measured_choice import MeasuredChoice, one_after_another, transposed_product
 from engine.quantization import (QuantizationPlan, QuantizedEmbedding, QuantizedProjection,
-                                 QuantizedWeight, Scratch)
+                                 QuantizedWeight, RefinedHead, Scratch)
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 # Load-time measurements time products over this many bytes of weights (SmolLM2's 30 layers:
@@ -164,8 +164,9 @@ class PagedRunner:
         self._transposed = self._measure_transposed(model) if measures else None
         self._dense_bf16 = bf16_compute
         self._dense = MeasuredChoice()
-        self._lm_head = self._project(None, {"output": model.lm_head})
-        self._embed = self._embedding(model)
+        head = self._project(None, {"output": model.lm_head})
+        self._embed = self._embedding(model, head)
+        self._lm_head = RefinedHead(head) if isinstance(head, QuantizedProjection) else head
         self._rotary = model.model.rotary_emb
         self._final_norm = RMSNorm(model.model.norm)
         self._layers = [self._fuse(index, layer) for index, layer in enumerate(model.model.layers)]
@@ -257,14 +258,15 @@ class PagedRunner:
                                    dense=self._dense, transposed=self._transposed,
                                    lookups=layer is None)
 
-    def _embedding(self, model: PreTrainedModel) -> Callable[[torch.Tensor], torch.Tensor]:
+    def _embedding(self, model: PreTrainedModel, head: Projection | QuantizedProjection
+                   ) -> Callable[[torch.Tensor], torch.Tensor]:
         """The token embedding. Quantized: a tied model looks tokens up in its quantized LM
         head, any other in an int8 copy; the float weights are dropped from the model."""
         embedding = model.model.embed_tokens
-        if not isinstance(self._lm_head, QuantizedProjection):
+        if not isinstance(head, QuantizedProjection):
             return embedding
         is_tied = embedding.weight is model.lm_head.weight
-        source = self._lm_head if is_tied else QuantizedWeight.quantize(embedding.weight, 8)
+        source = head if is_tied else QuantizedWeight.quantize(embedding.weight, 8)
         model.model.embed_tokens = None
         model.lm_head = None
         return QuantizedEmbedding(source)

@@ -12,7 +12,7 @@ import torch
 from engine.measured_choice import MeasuredChoice
 from engine.quantization import (DEQUANTIZE_CHANNELS, INT4_GROUP_SIZE,
                                  QuantizationError, QuantizationPlan, QuantizedEmbedding,
-                                 QuantizedProjection, QuantizedWeight, Scratch)
+                                 QuantizedProjection, QuantizedWeight, RefinedHead, Scratch)
 
 CPU = torch.device("cpu")
 
@@ -148,3 +148,27 @@ def test_plans_refuse_what_they_cannot_do(tmp_path: Path) -> None:
         QuantizationPlan.for_model("gguf", folder, CPU, torch.float32)
     assert QuantizationPlan.for_model("none", folder, torch.device("cuda"),
                                       torch.bfloat16).scheme == "none"
+
+
+def test_the_refined_head_decides_a_near_tie_the_bf16_kernels_round_away() -> None:
+    """Two logits 0.03 apart near 25, one bf16 step (0.125) wide: the kernel returns both as
+    25.25 and its argmax is the first; the refined head's float32 logits pick the second,
+    and leave the logits below its eight highest as the kernel computed them."""
+    codes = torch.zeros(16, 64, dtype=torch.int8)
+    codes[0], codes[1] = 39, 39
+    codes[0, :28] += 1  # 2524 x the scale: 25.265
+    codes[1, :31] += 1  # 2527 x the scale: 25.295
+    codes[2:, :8] = torch.arange(2, 16, dtype=torch.int8).view(-1, 1)
+    scales = torch.full((16, 1, 1), 0.01).to(torch.bfloat16).float()
+    weight = QuantizedWeight(8, codes, scales, None)
+    projection = QuantizedProjection(weight, None, Scratch(), lookups=True)
+    hidden = torch.ones(1, 64)
+    rounded = projection(hidden).float()
+    assert rounded[0, 0] == rounded[0, 1] == 25.25 and rounded.argmax() == 0
+
+    refined = RefinedHead(projection)(hidden)
+    exact = hidden @ dequantized(weight).t()
+    assert refined.argmax() == 1
+    top_eight = [0, 1, *range(10, 16)]
+    assert torch.allclose(refined[0, top_eight], exact[0, top_eight])
+    assert torch.equal(refined[0, 2:10], rounded[0, 2:10])
