@@ -97,7 +97,8 @@ class QuantizedWeight:
         lookup), written into `out` when given (any buffer with room)."""
         codes = self.codes[rows]
         num_rows, in_features = codes.shape
-        grouped_shape = (num_rows, self.scales.shape[1], -1)
+        num_groups = self.scales.shape[1]
+        grouped_shape = (num_rows, num_groups, in_features // num_groups)
         if out is not None:
             out = out.view(-1)[:num_rows * in_features].view(grouped_shape)
         weight = torch.mul(codes.view(grouped_shape), self.scales[rows], out=out)
@@ -214,7 +215,7 @@ class RefinedHead:
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self._head(hidden).float()
         candidates = logits.topk(min(REFINED_CANDIDATES, logits.shape[-1]), dim=-1).indices
-        rows = self._head.rows(candidates.view(-1)).view(*candidates.shape, -1)
+        rows = self._head.rows(candidates.view(-1)).view(*candidates.shape, hidden.shape[-1])
         exact = torch.bmm(rows, hidden.float().unsqueeze(-1)).squeeze(-1)
         if self._head.bias is not None:
             exact += self._head.bias[candidates]

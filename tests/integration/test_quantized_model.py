@@ -99,3 +99,14 @@ def test_greedy_answers_still_hold(quantized: EngineHarness) -> None:
     assert text_of(beijing) == one_shot
     assert "\ufffd" not in one_shot
     assert any("\u4e00" <= char <= "\u9fff" for char in one_shot)
+
+
+def test_a_prompt_longer_than_a_step_is_prefilled_over_steps_that_sample_nothing(
+        quantized: EngineHarness) -> None:
+    """On a CPU a step computes 64 prompt tokens: the first steps of this prompt sample no
+    row, so the LM head gets no rows to compute."""
+    prompt = quantized.engine.encode(TEXT)
+    assert len(prompt) > 2 * CHUNK_TOKENS
+    events, = quantized.generate(quantized.request(prompt, do_sample=False, max_new_tokens=4,
+                                                   ignore_eos=True))
+    assert len(token_ids_of(events)) == 4

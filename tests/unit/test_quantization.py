@@ -172,3 +172,5 @@ def test_the_refined_head_decides_a_near_tie_the_bf16_kernels_round_away() -> No
     top_eight = [0, 1, *range(10, 16)]
     assert torch.allclose(refined[0, top_eight], exact[0, top_eight])
     assert torch.equal(refined[0, 2:10], rounded[0, 2:10])
+    # A step whose chunks all continue a prompt samples no row.
+    assert RefinedHead(projection)(torch.ones(0, 64)).shape == (0, 16)
