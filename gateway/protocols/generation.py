@@ -47,7 +47,22 @@ def generate_request(model: str, prompt: str | list[int] | sb.ChatMessages,
         raise RequestError(error.status, message, field or error.field) from None
 
 
-def output_format(field: str, value: object) -> dict[str, object]:
+def add_output_format(field: str, value: object, values: dict[str, object],
+                      names: Mapping[str, str]) -> Mapping[str, str]:
+    """Add the structured-output request `value` (the request's `field`) to `values` as the
+    server's pattern parameter; return `names` with errors about that parameter naming
+    `field`."""
+    pattern = _output_pattern(field, value)
+    values.update(pattern)
+    return {**names, **{field: name for name in pattern}}
+
+
+def json_text(schema: object) -> object:
+    """A schema object as the JSON text a parameter carries; text as it is."""
+    return json.dumps(schema) if isinstance(schema, dict) else schema
+
+
+def _output_pattern(field: str, value: object) -> dict[str, object]:
     """A structured-output request as the server's pattern parameter: OpenAI's
     response_format ({"type": "text" | "json_object"}, or "json_schema" with
     {"json_schema": {"schema": …}}) or TGI's grammar ({"type": "json", "value": schema},
@@ -61,9 +76,9 @@ def output_format(field: str, value: object) -> dict[str, object]:
     if kind == "text":
         return {}
     if kind == "json_object":
-        return {"guided_json": _json_text({"type": "object"})}
+        return {"guided_json": json_text({"type": "object"})}
     if kind == "json":
-        return {"guided_json": _json_text(_required(value, field, "value"))}
+        return {"guided_json": json_text(_required(value, field, "value"))}
     if kind == "regex":
         return {"guided_regex": _required(value, field, "value")}
     if kind == "json_schema":
@@ -72,13 +87,9 @@ def output_format(field: str, value: object) -> dict[str, object]:
         if not isinstance(spec, dict):
             raise bad_request(f"{field}.{holder}",
                               f"must be an object with a schema; got {json.dumps(spec)}")
-        return {"guided_json": _json_text(_required(spec, f"{field}.{holder}", "schema"))}
+        return {"guided_json": json_text(_required(spec, f"{field}.{holder}", "schema"))}
     raise bad_request(f"{field}.type", 'must be "text", "json_object", "json_schema", "json" or '
                       f'"regex"; got {json.dumps(kind)}')
-
-
-def _json_text(schema: object) -> object:
-    return json.dumps(schema) if isinstance(schema, dict) else schema
 
 
 def _required(value: Mapping[str, object], field: str, name: str) -> object:

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 import grpc
 
 from gateway.errors import bad_request
-from gateway.protocols.generation import (Generation, generate_request, optional_bool,
-                                          output_format, renamed)
+from gateway.protocols.generation import (Generation, add_output_format, generate_request,
+                                          json_text, optional_bool, renamed)
 from gateway.protocols.kserve import optional_string, refuse_unknown, require_object
 from gateway.protocols.parameters import json_type
 from proto import switchboard_pb2 as sb
@@ -120,8 +120,8 @@ def chat_request_to_pb(document: object) -> tuple[list[Call], OpenAIOptions]:
         if older is not None else UNLIMITED
     logprobs = optional_bool(document, "logprobs")
     values.update(logprobs=logprobs, top_logprobs=document.get("top_logprobs"))
-    names = _with_format(document, values, CHAT_NAMES_NEW_MAX if newer is not None
-                         else CHAT_NAMES)
+    names = add_output_format("response_format", document.get("response_format"), values,
+                              CHAT_NAMES_NEW_MAX if newer is not None else CHAT_NAMES)
     request, deadline_s = generate_request(_model(document), chat_messages(messages), values,
                                            names=names)
     return [Call(request, None)], _options(document, "chat.completion", logprobs, False,
@@ -141,7 +141,8 @@ def completion_request_to_pb(document: object) -> tuple[list[Call], OpenAIOption
     top = document.get("logprobs")
     if top is not None:
         values.update(logprobs=True, top_logprobs=top)
-    names = _with_format(document, values, COMPLETION_NAMES)
+    names = add_output_format("response_format", document.get("response_format"), values,
+                              COMPLETION_NAMES)
     calls = []
     deadline_s = 0.0
     for prompt in prompts:
@@ -153,15 +154,6 @@ def completion_request_to_pb(document: object) -> tuple[list[Call], OpenAIOption
         calls.append(Call(request, prompt if isinstance(prompt, str) else None))
     return calls, _options(document, "text_completion", top is not None, echo, deadline_s,
                            names)
-
-
-def _with_format(document: Mapping[str, object], values: dict[str, object],
-                 names: Mapping[str, str]) -> Mapping[str, str]:
-    """Add response_format's pattern to `values`; the names, with errors about that pattern
-    naming response_format."""
-    pattern = output_format("response_format", document.get("response_format"))
-    values.update(pattern)
-    return {**names, **{"response_format": name for name in pattern}}
 
 
 def _checked(document: object, fields: frozenset[str]) -> dict[str, object]:
@@ -181,8 +173,8 @@ def _sampling(document: Mapping[str, object]) -> dict[str, object]:
     if document.get("logit_bias") is not None:
         # An object, which a parameter carries as JSON text (the server checks its entries).
         values["logit_bias"] = json.dumps(require_object(document["logit_bias"], "logit_bias"))
-    if isinstance(values.get("guided_json"), dict):
-        values["guided_json"] = json.dumps(values["guided_json"])  # likewise
+    if "guided_json" in values:
+        values["guided_json"] = json_text(values["guided_json"])  # likewise
     temperature = values.get("temperature")
     if temperature == 0:
         del values["temperature"]

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 import grpc
 
 from gateway.errors import bad_request
-from gateway.protocols.generation import (Generation, SequenceResult, generate_request,
-                                          optional_bool, output_format, renamed)
+from gateway.protocols.generation import (Generation, SequenceResult, add_output_format,
+                                          generate_request, optional_bool, renamed)
 from gateway.protocols.kserve import refuse_unknown, require_object, required_string
 from gateway.protocols.openai import chat_request_to_pb
 from gateway.protocols.parameters import json_type
@@ -40,7 +40,7 @@ GENERATION_PARAMETERS = frozenset({"best_of", "do_sample", "max_new_tokens", "re
                                    "decoder_input_details"})
 RENDERING_PARAMETERS = frozenset({"details", "return_full_text"})
 UNSUPPORTED = {"adapter_id": "LoRA adapters are not supported"}
-FORMAT_PARAMETERS = frozenset({"grammar"})  # structured output (see output_format)
+FORMAT_PARAMETERS = frozenset({"grammar"})  # structured output (see add_output_format)
 HTTP_STATUS = {
     grpc.StatusCode.INVALID_ARGUMENT: 422,
     grpc.StatusCode.NOT_FOUND: 404,
@@ -135,9 +135,7 @@ def generate_request_to_pb(document: object, stream: bool | None
     # best_of travels as n: every sequence comes back, and the best is chosen here. TGI's
     # generated text keeps the stop sequence that ended it.
     values.update(logprobs=True, include_stop_str_in_output=True)
-    pattern = output_format("grammar", parameters.get("grammar"))
-    values.update(pattern)
-    names = {**NAMES, **{"grammar": name for name in pattern}}
+    names = add_output_format("grammar", parameters.get("grammar"), values, NAMES)
     request, deadline_s = generate_request("", inputs, values, names=names)
     return request, dataclasses.replace(options, deadline_s=deadline_s, names=names)
 
