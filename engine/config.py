@@ -25,7 +25,8 @@ class EngineConfig:
     decoding request: a long prompt is prefilled in chunks of this size while running streams
     keep decoding. 0 picks by device (see `step_token_budget`): small on CPU, where a step's
     time grows with its tokens and a big prefill chunk would slow every decoding stream.
-    max_prefill_tokens (MindIE's maxPrefillTokens) caps it too.
+    max_prefill_tokens (MindIE's maxPrefillTokens) caps it too; while no request decodes, the
+    first prompt in line is prefilled whole, up to max_prefill_tokens (see `scheduler.py`).
     The KV cache pool holds num_kv_blocks blocks of block_size tokens (MindIE's
     cacheBlockSize); num_kv_blocks 0 sizes the pool from kv_cache_mib.
     enforce_eager (vLLM's name): no CUDA graphs; by default decode steps of up to

@@ -106,10 +106,10 @@ def test_waiting_requests_are_admitted_by_priority_then_arrival() -> None:
     assert all(text(outputs[name]) == "abc" for name in "abcde")
 
 
-def test_a_long_prompt_is_prefilled_in_chunks_within_the_token_budget() -> None:
+def test_a_long_prompt_is_prefilled_in_chunks_of_max_prefill_tokens() -> None:
     prompt = letters(range(20))
     runner = RecordingRunner(scripts={prompt: "xyw"})
-    core = make_core(runner, max_batched_tokens=8)
+    core = make_core(runner, max_batched_tokens=8, max_prefill_tokens=8)
     core.add(make_request("r", prompt, max_new_tokens=3))
     assert [core.step() for _ in range(2)] == [[], []]  # no token before the prompt is in
     outputs = run(core, runner)["r"]
@@ -117,6 +117,21 @@ def test_a_long_prompt_is_prefilled_in_chunks_within_the_token_budget() -> None:
                                      Chunk("r", 20, 1), Chunk("r", 21, 1)]
     assert text(outputs) == "xyw"
     assert outputs[-1].finish_reason is FinishReason.LENGTH
+
+
+def test_while_nothing_decodes_the_first_prompt_in_line_is_prefilled_whole() -> None:
+    first, second = letters(range(20)), letters(range(5, 25))
+    runner = RecordingRunner(scripts={first: "xyw", second: "abc"})
+    core = make_core(runner, max_batched_tokens=8, max_prefill_tokens=64)
+    core.add(make_request("first", first, max_new_tokens=3))
+    core.add(make_request("second", second, max_new_tokens=3))
+    outputs = run(core, runner)
+    # The second prompt waits for the budget left, then shares steps with the first's tokens.
+    assert runner.steps[:4] == [[Chunk("first", 0, 20)],
+                                [Chunk("first", 20, 1), Chunk("second", 0, 8)],
+                                [Chunk("first", 21, 1), Chunk("second", 8, 8)],
+                                [Chunk("second", 16, 4)]]
+    assert text(outputs["first"]) == "xyw" and text(outputs["second"]) == "abc"
 
 
 @pytest.mark.parametrize("long_priority", [
@@ -283,7 +298,7 @@ def test_a_request_sharing_a_prompt_prefix_reuses_its_cached_blocks(
 def test_a_partly_computed_block_is_not_reused() -> None:
     prompt = letters(range(20))
     runner = RecordingRunner(scripts={prompt: "partly"})
-    core = make_core(runner, max_batched_tokens=6)
+    core = make_core(runner, max_batched_tokens=6, max_prefill_tokens=6)
     core.add(make_request("aborted", prompt, max_new_tokens=3))
     core.step()  # tokens 0-5: one full block and half of the next
     core.abort("aborted")
