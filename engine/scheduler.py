@@ -123,9 +123,11 @@ class Scheduler:
         return list(chunks.values())
 
     def _prefill_budget(self, decoding: bool, first_in_line: Request | None) -> int:
-        """Prompt tokens this step may compute (see the module's docstring)."""
+        """Prompt tokens this step may compute (see the module's docstring). A prompt whose
+        log-probabilities are asked for keeps to the step budget: a row of logits over the
+        vocabulary is kept for each of its tokens (200 KB each with SmolLM2's 49,152)."""
         budget = min(self._max_batched_tokens, self._max_prefill_tokens)
-        if decoding or first_in_line is None:
+        if decoding or first_in_line is None or first_in_line.needs_prompt_logprobs:
             return budget
         return min(self._max_prefill_tokens, max(budget, first_in_line.num_uncomputed_tokens))
 

@@ -3,6 +3,7 @@ per-step token budgets, chunked prefill, preemption, prefix caching and block ac
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -132,6 +133,19 @@ def test_while_nothing_decodes_the_first_prompt_in_line_is_prefilled_whole() -> 
                                 [Chunk("first", 21, 1), Chunk("second", 8, 8)],
                                 [Chunk("second", 16, 4)]]
     assert text(outputs["first"]) == "xyw" and text(outputs["second"]) == "abc"
+
+
+def test_a_prompt_asking_its_logprobs_is_prefilled_in_chunks_even_alone() -> None:
+    # Each of its tokens' logits is kept: a long prompt at once would hold them all.
+    prompt = letters(range(20))
+    runner = RecordingRunner(scripts={prompt: "xyw"})
+    core = make_core(runner, max_batched_tokens=8, max_prefill_tokens=64)
+    request = make_request("r", prompt, max_new_tokens=1)
+    core.add(dataclasses.replace(request, sampling=dataclasses.replace(request.sampling,
+                                                                       prompt_logprobs=True)))
+    outputs = run(core, runner)["r"]
+    assert runner.chunks_of("r") == [Chunk("r", 0, 8), Chunk("r", 8, 8), Chunk("r", 16, 4)]
+    assert len(outputs[0].prompt_logprobs) == len(prompt)
 
 
 @pytest.mark.parametrize("long_priority", [
