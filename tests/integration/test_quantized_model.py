@@ -82,7 +82,7 @@ def test_teacher_forced_top1_agrees_with_float32(scheme: str, bf16_compute: bool
 
 @pytest.fixture(scope="module", params=sorted(AGREEMENT))
 def quantized(request) -> Iterator[EngineHarness]:
-    harness = EngineHarness(quantization=request.param)
+    harness = EngineHarness(quantization=request.param, max_prefill_tokens=CHUNK_TOKENS)
     yield harness
     harness.close()
 
@@ -103,8 +103,8 @@ def test_greedy_answers_still_hold(quantized: EngineHarness) -> None:
 
 def test_a_prompt_longer_than_a_step_is_prefilled_over_steps_that_sample_nothing(
         quantized: EngineHarness) -> None:
-    """On a CPU a step computes 64 prompt tokens: the first steps of this prompt sample no
-    row, so the LM head gets no rows to compute."""
+    """With maxPrefillTokens 64 a step computes at most 64 prompt tokens: the first steps of
+    this prompt sample no row, so the LM head gets no rows to compute."""
     prompt = quantized.engine.encode(TEXT)
     assert len(prompt) > 2 * CHUNK_TOKENS
     events, = quantized.generate(quantized.request(prompt, do_sample=False, max_new_tokens=4,
