@@ -94,12 +94,12 @@ class Scheduler:
         chunks: dict[Request, ScheduledChunk] = {}
         preempted = False
         by_priority = sorted(self.running, key=lambda r: r.sort_key)
+        decoding = [r for r in by_priority if _is_decoding(r)]
         prefilling = [r for r in by_priority if not _is_decoding(r)]
-        decoding_first = [r for r in by_priority if _is_decoding(r)] + prefilling
         in_line = prefilling or [request for _, request in self._waiting[:1]]
-        budget = self._prefill_budget(decoding=len(prefilling) < len(by_priority),
+        budget = self._prefill_budget(decoding=bool(decoding),
                                       first_in_line=in_line[0] if in_line else None)
-        for request in decoding_first:
+        for request in decoding + prefilling:
             if request.status is not RequestStatus.RUNNING:
                 continue
             num_tokens = self._chunk_size(request, budget)
