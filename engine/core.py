@@ -33,7 +33,8 @@ class EngineStats:
     """A snapshot of the engine's load and KV cache (MindIE's slot and block counts);
     num_steps: the steps that ran the model so far (Triton's execution count); speculation
     so far (vLLM's counters): requests' steps that verified guesses, the guesses verified, and
-    those accepted."""
+    those accepted, in all and by their position in the guess (0: the first guessed token; a
+    guess is accepted only after the ones before it)."""
 
     num_free_blocks: int
     num_total_blocks: int
@@ -46,6 +47,7 @@ class EngineStats:
     num_drafts: int = 0
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
+    num_accepted_tokens_per_position: tuple[int, ...] = ()
 
     @property
     def free_slots(self) -> int:
@@ -74,6 +76,7 @@ class EngineCore:
         self._stopped: list[RequestOutput] = []
         self._num_steps = 0
         self._num_drafts = self._num_draft_tokens = self._num_accepted_tokens = 0
+        self._accepted_by_position = [0] * scheduler.num_speculative_tokens
 
     @property
     def num_waiting(self) -> int:
@@ -93,7 +96,8 @@ class EngineCore:
                            max_batch_size=self.scheduler.max_running,
                            num_steps=self._num_steps, num_drafts=self._num_drafts,
                            num_draft_tokens=self._num_draft_tokens,
-                           num_accepted_tokens=self._num_accepted_tokens)
+                           num_accepted_tokens=self._num_accepted_tokens,
+                           num_accepted_tokens_per_position=tuple(self._accepted_by_position))
 
     def has_work(self) -> bool:
         return bool(self._requests)
@@ -188,6 +192,8 @@ class EngineCore:
                 self._num_drafts += 1
                 self._num_draft_tokens += len(drafts)
                 self._num_accepted_tokens += verified[i]
+                for position in range(verified[i]):
+                    self._accepted_by_position[position] += 1
                 if not finished:
                     request.draft_window.record(verified[i])
                     self._computed(request, chunk.num_tokens - len(drafts) + verified[i])

@@ -72,6 +72,11 @@ class Scheduler:
         self.num_preemptions = 0
 
     @property
+    def num_speculative_tokens(self) -> int:
+        """The most tokens guessed for a request in one step (0: no speculation)."""
+        return self._num_speculative_tokens
+
+    @property
     def num_waiting(self) -> int:
         return len(self._waiting)
 

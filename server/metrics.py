@@ -37,6 +37,7 @@ VLLM_NAMES: dict[str, tuple[str, ...]] = {
     "spec_decode_num_drafts": ("vllm:spec_decode_num_drafts",),
     "spec_decode_num_draft_tokens": ("vllm:spec_decode_num_draft_tokens",),
     "spec_decode_num_accepted_tokens": ("vllm:spec_decode_num_accepted_tokens",),
+    "spec_decode_num_accepted_tokens_per_pos": ("vllm:spec_decode_num_accepted_tokens_per_pos",),
     "prompt_tokens": ("vllm:prompt_tokens",),
     "generation_tokens": ("vllm:generation_tokens",),
     "request_success": ("vllm:request_success",),
@@ -303,6 +304,13 @@ class EngineLoadCollector(Collector):
                  stats.num_accepted_tokens)):
             family.add_metric((self._model_name,), value)
             yield family
+        if stats.num_accepted_tokens_per_position:
+            by_position = CounterMetricFamily(
+                "spec_decode_num_accepted_tokens_per_pos", "Guessed tokens accepted, by their "
+                "position in the guess (0: the first)", labels=("model_name", "position"))
+            for position, count in enumerate(stats.num_accepted_tokens_per_position):
+                by_position.add_metric((self._model_name, str(position)), count)
+            yield by_position
 
 
 def execution_count(stats: EngineStats | None) -> int:

@@ -1,6 +1,6 @@
 """A server started with n-gram speculation (`--speculate 3`), driven through its gateway with
 the real `openai` SDK: its answers and streams are the plain server's, token for token, and
-/metrics counts the guesses verified and accepted under vLLM's names.
+/metrics counts the guesses verified and accepted (in all and by position) under vLLM's names.
 
 Imports none of our packages (see gateway_clients); prometheus_client parses /metrics.
 """
@@ -35,9 +35,11 @@ def sdk(gateway: GatewayProcess, client_files) -> openai.OpenAI:
 
 
 def counters(gateway: GatewayProcess, client_files) -> dict[str, float]:
+    """vLLM's speculation counters, by name (a per-position one's name ends in `[position]`)."""
     status, body = fetch(gateway.url("metrics"), client_files, "/metrics")
     assert status == 200, body
-    return {sample.name: sample.value
+    return {sample.name + (f"[{sample.labels['position']}]" if "position" in sample.labels
+                           else ""): sample.value
             for family in text_string_to_metric_families(body.decode())
             for sample in family.samples if sample.name.startswith("vllm:spec_decode_")}
 
@@ -60,3 +62,8 @@ def test_a_speculating_server_answers_and_streams_the_plain_server_s_tokens(
     verified = (after["vllm:spec_decode_num_draft_tokens_total"]
                 - before.get("vllm:spec_decode_num_draft_tokens_total", 0))
     assert 0 < accepted <= verified
+    by_position = [after[f"vllm:spec_decode_num_accepted_tokens_per_pos_total[{position}]"]
+                   - before.get(f"vllm:spec_decode_num_accepted_tokens_per_pos_total[{position}]",
+                                0)
+                   for position in range(3)]
+    assert sum(by_position) == accepted and by_position == sorted(by_position, reverse=True)

@@ -22,7 +22,8 @@ from server.served_model import ServedModel
 MODEL = "m"
 STATS = EngineStats(num_free_blocks=25, num_total_blocks=100, num_waiting=3, num_running=2,
                     num_preemptions=4, block_size=16, max_batch_size=8, num_steps=12,
-                    num_drafts=5, num_draft_tokens=15, num_accepted_tokens=9)
+                    num_drafts=5, num_draft_tokens=15, num_accepted_tokens=9,
+                    num_accepted_tokens_per_position=(5, 3, 1))
 LIMITS = EngineLimits(vocab_size=100, max_seq_len=64, max_input_len=63, max_iter_times=64)
 
 
@@ -63,6 +64,7 @@ VLLM_FAMILIES = {
     "num_requests_waiting": ("vllm:num_requests_waiting",),
     "prefix_cache_hits": ("vllm:prefix_cache_hits",),
     "spec_decode_num_accepted_tokens": ("vllm:spec_decode_num_accepted_tokens",),
+    "spec_decode_num_accepted_tokens_per_pos": ("vllm:spec_decode_num_accepted_tokens_per_pos",),
     "spec_decode_num_draft_tokens": ("vllm:spec_decode_num_draft_tokens",),
     "spec_decode_num_drafts": ("vllm:spec_decode_num_drafts",),
     "prefix_cache_queries": ("vllm:prefix_cache_queries",),
@@ -170,6 +172,8 @@ def test_engine_load_is_absent_before_the_model_is_loaded_then_read_when_scraped
     assert value(metrics, "switchboard_num_preemptions_total") == 4
     assert [value(metrics, f"vllm:spec_decode_num_{name}_total")
             for name in ("drafts", "draft_tokens", "accepted_tokens")] == [5, 15, 9]
+    assert [value(metrics, "vllm:spec_decode_num_accepted_tokens_per_pos_total",
+                  position=str(position)) for position in range(4)] == [5, 3, 1, 0]
 
 
 def test_a_finished_request_is_measured() -> None:

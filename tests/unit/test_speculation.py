@@ -68,6 +68,11 @@ def test_repeating_text_verifies_several_tokens_a_step_and_gives_the_same_events
     # Each step gave the request one token, and one more per accepted guess.
     assert stats.num_steps + stats.num_accepted_tokens == 12
     assert 0 < stats.num_accepted_tokens <= stats.num_draft_tokens <= 3 * stats.num_drafts
+    # A guessed token is accepted only after those before it in its guess.
+    per_position = stats.num_accepted_tokens_per_position
+    assert len(per_position) == 3 and sum(per_position) == stats.num_accepted_tokens
+    assert per_position[0] > 0 and list(per_position) == sorted(per_position, reverse=True)
+    assert plain_core.stats().num_accepted_tokens_per_position == ()
 
 
 @pytest.mark.parametrize(("prompt", "script", "options"), [
