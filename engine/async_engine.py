@@ -54,8 +54,11 @@ class ModelInfo:
 
 class AsyncEngine:
     def __init__(self, core: EngineCore, tokenizer: object, limits: EngineLimits, info: ModelInfo,
-                 max_unfinished: int, num_threads: int = 0) -> None:
+                 max_unfinished: int, num_threads: int = 0,
+                 warm_up: Callable[[], None] | None = None) -> None:
+        """warm_up: run on the engine's thread before its first step (see `wait_ready`)."""
         self._core = core
+        self._warm_up = warm_up
         self._tokenizer = tokenizer
         self.limits = limits
         self.info = info
@@ -71,6 +74,7 @@ class AsyncEngine:
         self._stopping = False
         self._dead = False
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._started = asyncio.Event()
         self._thread = threading.Thread(target=self._run, name="engine-core", daemon=True)
 
     @classmethod
@@ -138,11 +142,18 @@ class AsyncEngine:
                          quantization=loaded.quantization.scheme)
         return cls(core, loaded.tokenizer, limits, info,
                    max_unfinished=config.max_batch_size + config.max_queue_len,
-                   num_threads=config.num_threads)
+                   num_threads=config.num_threads, warm_up=runner.warm_up)
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self._thread.start()
+
+    async def wait_ready(self) -> None:
+        """Return once the engine's thread has warmed the model up and takes requests (they
+        may come earlier: they wait); raise EngineDead if the warm-up failed."""
+        await self._started.wait()
+        if self._dead:
+            raise EngineDead("the engine failed to start (see the log)")
 
     async def shutdown(self) -> None:
         with self._wakeup:
@@ -256,6 +267,9 @@ class AsyncEngine:
         if self._num_threads:
             torch.set_num_threads(self._num_threads)
         try:
+            if self._warm_up is not None:
+                self._warm_up()
+            self._loop.call_soon_threadsafe(self._started.set)
             while True:
                 with self._wakeup:
                     while not (self._inbox or self._core.has_work() or self._stopping):
@@ -272,6 +286,7 @@ class AsyncEngine:
             logger.exception("the engine loop died")
             self._dead = True
             self._loop.call_soon_threadsafe(self._fail_all)
+            self._loop.call_soon_threadsafe(self._started.set)
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
         for output in outputs:

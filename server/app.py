@@ -94,6 +94,7 @@ class Server:
     async def load(self) -> None:
         self._engine = await AsyncEngine.load(self._engine_config)
         self._engine.start(asyncio.get_running_loop())
+        await self._engine.wait_ready()
         self._served.engine = self._engine
         for service in ("", *SERVICES):
             await self._health.set(service, health_pb2.HealthCheckResponse.SERVING)

@@ -177,6 +177,45 @@ def test_an_engine_that_was_never_started_refuses_requests() -> None:
     asyncio.run(main())
 
 
+def test_ready_waits_for_the_warm_up_on_the_engine_thread_and_so_do_requests() -> None:
+    warm = threading.Event()
+    warmed_on: list[str] = []
+
+    def warm_up() -> None:
+        warmed_on.append(threading.current_thread().name)
+        assert warm.wait(5)
+
+    async def main() -> None:
+        engine = AsyncEngine(make_core(), FakeTokenizer(), LIMITS, INFO, 8, warm_up=warm_up)
+        engine.start(asyncio.get_running_loop())
+        early = asyncio.create_task(collect(engine.generate(make_request("r", max_new_tokens=3))))
+        ready = asyncio.create_task(engine.wait_ready())
+        await asyncio.sleep(0.05)
+        assert not ready.done() and not early.done()
+        warm.set()
+        await asyncio.wait_for(ready, timeout=5)
+        assert len(await asyncio.wait_for(early, timeout=5)) == 3
+        await engine.shutdown()
+
+    asyncio.run(main())
+    assert warmed_on == ["engine-core"]
+
+
+def test_a_failed_warm_up_leaves_the_engine_dead() -> None:
+    def warm_up() -> None:
+        raise RuntimeError("scripted warm-up failure")
+
+    async def main() -> None:
+        engine = AsyncEngine(make_core(), FakeTokenizer(), LIMITS, INFO, 8, warm_up=warm_up)
+        engine.start(asyncio.get_running_loop())
+        with pytest.raises(EngineDead, match="failed to start"):
+            await asyncio.wait_for(engine.wait_ready(), timeout=5)
+        assert not engine.is_healthy
+        await engine.shutdown()
+
+    asyncio.run(main())
+
+
 def test_when_the_engine_loop_dies_requests_in_flight_get_engine_dead() -> None:
     core = make_core()
     exploded = threading.Event()
