@@ -185,7 +185,8 @@ class PagedRunner:
 
     def prepare(self) -> None:
         """Allocate the KV pool and capture the common decode graphs now rather than at the
-        first steps (on an accelerator, where no loader's host memory awaits release)."""
+        first steps. Called at load where CUDA graphs are captured (no loader's host memory
+        awaits release there), and by `warm_up` on the engine's thread."""
         if self._k_cache is None:
             self._allocate_cache()
         if self._decode_graphs is not None:
@@ -202,11 +203,11 @@ class PagedRunner:
     def _allocate_cache(self) -> None:
         """The KV pool, zeroed, hence resident from the start, as the operator sized it: a pool
         whose pages became resident as blocks were first written would make memory creep up
-        for minutes under load, which monitoring cannot tell from a leak. Allocated at the first
-        step rather than at construction: by then the loader's model is gone, and with it a
-        quantized runner's float32 weights (pages of the mapped checkpoint), so the pool takes
-        their place in memory instead of adding to it, and so does the heap memory the load
-        freed (see `host_memory.py`)."""
+        for minutes under load, which monitoring cannot tell from a leak. Allocated at the
+        warm-up (or the first step) rather than at construction: by then the loader's model is
+        gone, and with it a quantized runner's float32 weights (pages of the mapped
+        checkpoint), so the pool takes their place in memory instead of adding to it, and so
+        does the heap memory the load freed (see `host_memory.py`)."""
         gc.collect()
         release_free_heap()
         self._k_cache = torch.zeros(self._cache_shape, dtype=self._cache_dtype, device=self._device)
