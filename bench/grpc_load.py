@@ -87,10 +87,13 @@ async def run_level(channel: grpc.aio.Channel, model_name: str, name: str, strea
 
 async def speculation_counters(channel: grpc.aio.Channel) -> dict[str, float]:
     """The server's speculation counters so far (see its metrics), without their prefix:
-    drafts (requests' verifying steps), draft_tokens and accepted_tokens."""
+    drafts (requests' verifying steps), draft_tokens, accepted_tokens, and
+    accepted_tokens_per_pos_N (those accepted at position N of their guess)."""
     metrics = await sb_grpc.ManagementStub(channel).GetMetrics(sb.GetMetricsRequest())
     prefix = "vllm:spec_decode_num_"
-    return {sample.name.removeprefix(prefix).removesuffix("_total"): sample.value
+    return {sample.name.removeprefix(prefix).removesuffix("_total")
+            + (f"_{sample.labels['position']}" if "position" in sample.labels else ""):
+            sample.value
             for family in text_string_to_metric_families(metrics.text)
             for sample in family.samples
             if sample.name.startswith(prefix) and sample.name.endswith("_total")}
