@@ -10,6 +10,10 @@ device; on CUDA, SDPA picks its fused kernels, except cuDNN's in eager steps: it
 plan for each new shape, and eager shapes rarely repeat (measured on an H100: prefills of new
 lengths took 90-160 ms with it, 40-55 ms without). The fixed shapes of the CUDA graphs that
 replay decode steps keep it: their plans are built once, at capture.
+
+Layers with sliding-window attention (Mistral's, Qwen2's upper layers) attend to the last
+`sliding_window` positions only, as transformers' `kv > q - sliding_window`: their groups carry
+a second mask. The whole context is still gathered; the window only masks it.
 """
 
 from __future__ import annotations
@@ -39,10 +43,12 @@ class AttentionGroup:
     mask: torch.Tensor | None    # [B, 1, Qmax, Lmax] True where a query may attend; None:
                                  # everywhere (decoding sequences of one length, as one alone)
     unpad_index: torch.Tensor    # [Tg] position of each group token in the padded [B*Qmax]
+    window_mask: torch.Tensor | None  # `mask` within the sliding window (`mask` itself where
+                                      # no query reaches past the window)
 
     @classmethod
     def build(cls, chunks: Sequence[SequenceChunk], firsts: Sequence[int], block_size: int,
-              device: torch.device) -> AttentionGroup:
+              device: torch.device, sliding_window: int | None = None) -> AttentionGroup:
         """firsts: the flat index of each chunk's first token."""
         q_lens = [len(chunk.token_ids) for chunk in chunks]
         context_lens = [chunk.start + n for chunk, n in zip(chunks, q_lens)]
@@ -61,15 +67,22 @@ class AttentionGroup:
         query_positions = starts + torch.arange(q_max).view(1, -1, 1)
         key_positions = torch.arange(l_max).view(1, 1, -1)
         valid_query = torch.arange(q_max).view(1, -1, 1) < torch.tensor(q_lens).view(-1, 1, 1)
+        causal = (key_positions <= query_positions) & valid_query
         # Padded query rows attend to slot 0 only, so no row of the softmax is empty.
-        mask = (key_positions <= query_positions) & valid_query | (key_positions == 0)
+        padding = (key_positions == 0) & ~valid_query
         unmasked = q_max == 1 and min(context_lens) == l_max
+        mask = None if unmasked else (causal | padding).unsqueeze(1).to(device)
+        window_mask = mask
+        if sliding_window is not None and l_max > sliding_window:
+            in_window = key_positions > query_positions - sliding_window
+            window_mask = (causal & in_window | padding).unsqueeze(1).to(device)
         return cls(
             token_index=torch.tensor(token_index, device=device),
             query_index=query_index.to(device),
             context_slots=context_slots.to(device),
-            mask=None if unmasked else mask.unsqueeze(1).to(device),
+            mask=mask,
             unpad_index=torch.tensor(unpad_index, device=device),
+            window_mask=window_mask,
         )
 
     @property
@@ -89,8 +102,8 @@ class AttentionBatch:
     fixed_shape: bool = False    # a CUDA graph's batch: its shapes never change
 
     @classmethod
-    def build(cls, chunks: Sequence[SequenceChunk], block_size: int,
-              device: torch.device) -> AttentionBatch:
+    def build(cls, chunks: Sequence[SequenceChunk], block_size: int, device: torch.device,
+              sliding_window: int | None = None) -> AttentionBatch:
         token_ids: list[int] = []
         positions: list[int] = []
         write_slots: list[torch.Tensor] = []
@@ -110,7 +123,7 @@ class AttentionBatch:
             members[len(chunk.token_ids) == 1].append(position)
         groups = tuple(
             AttentionGroup.build([chunks[i] for i in rows], [firsts[i] for i in rows],
-                                 block_size, device)
+                                 block_size, device, sliding_window)
             for rows in members.values() if rows)
         return cls(
             token_ids=torch.tensor(token_ids, device=device),
@@ -129,31 +142,34 @@ def slots_of(block_ids: Sequence[int], num_tokens: int, block_size: int) -> torc
 
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                    v_cache: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
+                    v_cache: torch.Tensor, batch: AttentionBatch, *,
+                    windowed: bool = False) -> torch.Tensor:
     """q [T, H, D], k/v [T, Hkv, D], in the caches' dtype; caches [slots, Hkv, D]. Returns
-    [T, H*D]."""
+    [T, H*D]. windowed: the layer attends within the batch's sliding window."""
     k_cache.index_copy_(0, batch.write_slots, k)
     v_cache.index_copy_(0, batch.write_slots, v)
     if len(batch.groups) == 1 and batch.groups[0].is_decode:
-        return _attend(q.unsqueeze(1), k_cache, v_cache, batch.groups[0], batch.fixed_shape)
+        return _attend(q.unsqueeze(1), k_cache, v_cache, batch.groups[0], batch.fixed_shape,
+                       windowed)
     out = q.new_empty(q.shape[0], q.shape[1] * q.shape[2])
     for group in batch.groups:
         queries = q[group.query_index]
-        out.index_copy_(0, group.token_index, _attend(queries, k_cache, v_cache, group,
-                                                      batch.fixed_shape)[group.unpad_index])
+        attended = _attend(queries, k_cache, v_cache, group, batch.fixed_shape, windowed)
+        out.index_copy_(0, group.token_index, attended[group.unpad_index])
     return out
 
 
 def _attend(queries: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-            group: AttentionGroup, fixed_shape: bool) -> torch.Tensor:
+            group: AttentionGroup, fixed_shape: bool, windowed: bool) -> torch.Tensor:
     """queries [B, Qmax, H, D] → [B*Qmax, H*D]."""
     keys = _gather(k_cache, group.context_slots)      # [B, Hkv, Lmax, D]
     values = _gather(v_cache, group.context_slots)
     # Only CUDA has cuDNN's kernel to avoid; on a CPU the context would cost 12 µs a layer.
     restricts = not fixed_shape and queries.device.type == "cuda"
     with sdpa_kernel(EAGER_BACKENDS) if restricts else contextlib.nullcontext():
-        out = F.scaled_dot_product_attention(queries.transpose(1, 2), keys, values,
-                                             attn_mask=group.mask, enable_gqa=True)
+        out = F.scaled_dot_product_attention(
+            queries.transpose(1, 2), keys, values,
+            attn_mask=group.window_mask if windowed else group.mask, enable_gqa=True)
     return out.transpose(1, 2).reshape(-1, queries.shape[2] * queries.shape[3])
 
 

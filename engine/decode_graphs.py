@@ -60,13 +60,16 @@ class _StaticStep:
     graph: torch.cuda.CUDAGraph | None
 
     @classmethod
-    def allocate(cls, batch_size: int, context: int, device: torch.device) -> _StaticStep:
+    def allocate(cls, batch_size: int, context: int, device: torch.device,
+                 windowed: bool) -> _StaticStep:
+        """windowed: the model has sliding-window layers, which get a mask of their own."""
         rows = torch.arange(batch_size, device=device)
+        mask = torch.zeros(batch_size, 1, 1, context, dtype=torch.bool, device=device)
         group = AttentionGroup(
             token_index=rows, query_index=rows.view(-1, 1),
             context_slots=torch.zeros(batch_size, context, dtype=torch.long, device=device),
-            mask=torch.zeros(batch_size, 1, 1, context, dtype=torch.bool, device=device),
-            unpad_index=rows)
+            mask=mask, unpad_index=rows,
+            window_mask=torch.zeros_like(mask) if windowed else mask)
         batch = AttentionBatch(
             token_ids=torch.zeros(batch_size, dtype=torch.long, device=device),
             positions=torch.zeros(batch_size, dtype=torch.long, device=device),
@@ -78,13 +81,14 @@ class _StaticStep:
 class DecodeGraphs:
     def __init__(self, forward: Forward, *, device: torch.device, block_size: int,
                  scratch_slot: int, max_batch_size: int, max_context: int,
-                 capture: bool = True) -> None:
+                 capture: bool = True, sliding_window: int | None = None) -> None:
         """forward: the model step over an AttentionBatch, returning logits for its
         sample_index rows, with no host synchronisation. scratch_slot: a cache slot no
-        sequence owns."""
+        sequence owns. sliding_window: that of the model's sliding-window layers."""
         self._forward = forward
         self._device = device
         self._block_size = block_size
+        self._sliding_window = sliding_window
         self._scratch_slot = scratch_slot
         self._batch_buckets = batch_buckets(max_batch_size)
         self._max_context = max_context
@@ -125,7 +129,8 @@ class DecodeGraphs:
     def _step(self, batch_size: int, context: int) -> _StaticStep:
         step = self._steps.get((batch_size, context))
         if step is None:
-            step = _StaticStep.allocate(batch_size, context, self._device)
+            step = _StaticStep.allocate(batch_size, context, self._device,
+                                        windowed=self._sliding_window is not None)
             self._fill(step.batch, ())
             if self._capture:
                 step = self._captured(step)
@@ -168,4 +173,9 @@ class DecodeGraphs:
         batch.positions.copy_(positions)
         batch.write_slots.copy_(slots.gather(1, (lengths - 1).view(-1, 1)).view(-1))
         group.context_slots.copy_(slots)
-        group.mask.copy_((torch.arange(context) < lengths.view(-1, 1)).view(batch_size, 1, 1, -1))
+        key_positions = torch.arange(context)
+        mask = key_positions < lengths.view(-1, 1)
+        group.mask.copy_(mask.view(batch_size, 1, 1, -1))
+        if self._sliding_window is not None:
+            in_window = key_positions >= lengths.view(-1, 1) - self._sliding_window
+            group.window_mask.copy_((mask & in_window).view(batch_size, 1, 1, -1))

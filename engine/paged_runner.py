@@ -29,7 +29,7 @@ from typing import TypeVar
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import PreTrainedModel
+from transformers import PretrainedConfig, PreTrainedModel
 
 from engine.attention import AttentionBatch, paged_attention
 from engine.decode_graphs import DecodeGraphs
@@ -129,6 +129,7 @@ class _Layer:
     gate_up: Projection
     down: Projection
     act: nn.Module
+    windowed: bool  # attends within the model's sliding window
 
 
 def kv_bytes_per_token(model: PreTrainedModel, dtype: torch.dtype) -> int:
@@ -169,7 +170,9 @@ class PagedRunner:
         self._lm_head = RefinedHead(head) if isinstance(head, QuantizedProjection) else head
         self._rotary = model.model.rotary_emb
         self._final_norm = RMSNorm(model.model.norm)
-        self._layers = [self._fuse(index, layer) for index, layer in enumerate(model.model.layers)]
+        self._sliding_window, windowed = sliding_window_layers(config)
+        self._layers = [self._fuse(index, layer, windowed[index])
+                        for index, layer in enumerate(model.model.layers)]
         if measures and self._quantization.is_quantized:
             self._measure_dense()
         capacity = num_blocks * block_size
@@ -181,7 +184,8 @@ class PagedRunner:
         self._decode_graphs = DecodeGraphs(
             self._forward, device=device, block_size=block_size, scratch_slot=capacity,
             max_batch_size=static_decode_batch, max_context=capacity,
-            capture=device.type == "cuda") if static_decode_batch else None
+            capture=device.type == "cuda", sliding_window=self._sliding_window
+        ) if static_decode_batch else None
 
     def prepare(self) -> None:
         """Allocate the KV pool and capture the common decode graphs now rather than at the
@@ -213,7 +217,7 @@ class PagedRunner:
         self._k_cache = torch.zeros(self._cache_shape, dtype=self._cache_dtype, device=self._device)
         self._v_cache = torch.zeros(self._cache_shape, dtype=self._cache_dtype, device=self._device)
 
-    def _fuse(self, index: int, layer: nn.Module) -> _Layer:
+    def _fuse(self, index: int, layer: nn.Module, windowed: bool) -> _Layer:
         """Fuse a layer's projections; the originals are dropped from the model (the runner
         owns it) so fused weights are not held twice."""
         attention, mlp = layer.self_attn, layer.mlp
@@ -226,6 +230,7 @@ class PagedRunner:
             gate_up=self._project(index, {"ffn_gate": mlp.gate_proj, "ffn_up": mlp.up_proj}),
             down=self._project(index, {"ffn_down": mlp.down_proj}),
             act=mlp.act_fn,
+            windowed=windowed,
         )
         for module, names in ((attention, ("q_proj", "k_proj", "v_proj", "o_proj")),
                               (mlp, ("gate_proj", "up_proj", "down_proj"))):
@@ -290,8 +295,8 @@ class PagedRunner:
             logits = self._decode_graphs.run(chunks)
             if logits is not None:
                 return logits
-        return self._forward(AttentionBatch.build(chunks, self._block_size, self._device)
-                             ).float()
+        return self._forward(AttentionBatch.build(chunks, self._block_size, self._device,
+                                                  self._sliding_window)).float()
 
     def _forward(self, batch: AttentionBatch) -> torch.Tensor:
         """The logits at batch.sample_index, on the device, without host synchronisation."""
@@ -310,11 +315,25 @@ class PagedRunner:
             qk = _rotate(qkv[:, :num_qk_heads], cos, signed_sin)
             q, k = qk.split((self._num_heads, self._num_kv_heads), dim=1)
             v = qkv[:, num_qk_heads:]
-            attended = paged_attention(q, k, v, self._k_cache[index], self._v_cache[index], batch)
+            attended = paged_attention(q, k, v, self._k_cache[index], self._v_cache[index],
+                                       batch, windowed=layer.windowed)
             hidden = hidden + layer.o_proj(attended)
             gate, up = layer.gate_up(layer.post_norm(hidden)).chunk(2, dim=-1)
             hidden = hidden + layer.down(layer.act(gate) * up)
         return self._lm_head(self._final_norm(hidden[batch.sample_index]))
+
+
+def sliding_window_layers(config: PretrainedConfig) -> tuple[int | None, list[bool]]:
+    """The model's sliding window (None: none) and whether each layer attends within it: a
+    config's `layer_types` say which do (Qwen2 from `max_window_layers` up), else all do
+    (Mistral)."""
+    window = getattr(config, "sliding_window", None)
+    layer_types = getattr(config, "layer_types", None)
+    if window is None:
+        return None, [False] * config.num_hidden_layers
+    if layer_types is None:
+        return window, [True] * config.num_hidden_layers
+    return window, [layer_type == "sliding_attention" for layer_type in layer_types]
 
 
 def measured_layers(layers: Sequence[Layer], size: Callable[[Layer], int]) -> Sequence[Layer]:

@@ -1,0 +1,100 @@
+"""The paged runner computes each supported architecture as transformers does, including what
+sets them apart from SmolLM2's Llama: biases (Qwen2's Q/K/V, Llama's optional attention and
+MLP biases), tied embeddings, and sliding-window attention (Mistral on every layer, Qwen2 on
+its upper layers). Tiny models with random weights, compared logit by logit; an architecture
+that is not supported is refused by name."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,
+                          MistralConfig, MistralForCausalLM, PreTrainedModel, Qwen2Config,
+                          Qwen2ForCausalLM)
+
+from engine.paged_runner import PagedRunner, SequenceChunk, UnsupportedModel
+
+BLOCK_SIZE = 4
+NUM_BLOCKS = 64
+VOCAB = 101
+WINDOW = 8
+SHAPE = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+
+
+def llama_with_biases() -> PreTrainedModel:
+    return LlamaForCausalLM(LlamaConfig(**SHAPE, attention_bias=True, mlp_bias=True,
+                                        architectures=["LlamaForCausalLM"]))
+
+
+def mistral_with_a_window() -> PreTrainedModel:
+    return MistralForCausalLM(MistralConfig(**SHAPE, sliding_window=WINDOW,
+                                            architectures=["MistralForCausalLM"]))
+
+
+def qwen2_windowed_above_layer_two() -> PreTrainedModel:
+    return Qwen2ForCausalLM(Qwen2Config(**SHAPE, use_sliding_window=True,
+                                        sliding_window=WINDOW, max_window_layers=2,
+                                        tie_word_embeddings=True,
+                                        architectures=["Qwen2ForCausalLM"]))
+
+
+MODELS = {"llama": llama_with_biases, "mistral": mistral_with_a_window,
+          "qwen2": qwen2_windowed_above_layer_two}
+
+
+def build(name: str) -> PreTrainedModel:
+    torch.manual_seed(0)
+    model = MODELS[name]().eval()
+    for parameter in model.parameters():
+        if parameter.dim() == 1 and not torch.all(parameter == 1):
+            # Biases start at zero: give them values, or a dropped bias would go unseen.
+            torch.nn.init.normal_(parameter, std=0.5)
+    return model
+
+
+def reference_logits(model: PreTrainedModel, ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0]
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_a_prompt_in_chunks_then_decode_steps_match_transformers(name: str) -> None:
+    """Three sequences in one batch: a prompt past the window prefilled in two chunks while a
+    short one is prefilled whole, then decode steps, static (padded) and eager alike."""
+    model = build(name)
+    generator = torch.Generator().manual_seed(1)
+    ids = [torch.randint(0, VOCAB, (n,), generator=generator).tolist() for n in (30, 5, 12)]
+    tables = [list(range(i * 16, (i + 1) * 16)) for i in range(3)]
+    for static_decode_batch in (0, 4):
+        runner = PagedRunner(copy.deepcopy(model), torch.device("cpu"), NUM_BLOCKS, BLOCK_SIZE,
+                             static_decode_batch=static_decode_batch)
+        first = runner.execute([SequenceChunk("a", ids[0][:17], 0, tables[0], False,
+                                              all_logits=True),
+                                SequenceChunk("b", ids[1], 0, tables[1], True, all_logits=True)])
+        rest = runner.execute([SequenceChunk("a", ids[0][17:], 17, tables[0], True,
+                                             all_logits=True),
+                               SequenceChunk("c", ids[2], 0, tables[2], True, all_logits=True)])
+        ours = [torch.cat((first[:17], rest[:13])), first[17:], rest[13:]]
+        for step in range(6):
+            new = [(5 * step + row) % VOCAB for row in range(3)]
+            logits = runner.execute([SequenceChunk(name, [token], len(seq), table, True)
+                                     for name, token, seq, table in
+                                     zip("abc", new, ids, tables)])
+            for row, token in enumerate(new):
+                ids[row].append(token)
+                ours[row] = torch.cat((ours[row], logits[row:row + 1]))
+        for row in range(3):
+            torch.testing.assert_close(ours[row], reference_logits(model, ids[row]),
+                                       rtol=1e-4, atol=1e-4)
+        ids = [seq[:-6] for seq in ids]
+
+
+def test_an_unsupported_architecture_is_refused_naming_the_supported_ones() -> None:
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=1, n_head=2,
+                                       architectures=["GPT2LMHeadModel"]))
+    with pytest.raises(UnsupportedModel, match="GPT2LMHeadModel is not supported.*"
+                                               "LlamaForCausalLM.*Qwen2ForCausalLM"):
+        PagedRunner(model, torch.device("cpu"), NUM_BLOCKS, BLOCK_SIZE)
