@@ -1,7 +1,7 @@
 """The paged runner computes each supported architecture as transformers does, including what
 sets them apart from SmolLM2's Llama: biases (Qwen2's Q/K/V, Llama's optional attention and
-MLP biases), tied embeddings, and sliding-window attention (Mistral on every layer, Qwen2 on
-its upper layers). Tiny models with random weights, compared logit by logit; an architecture
+MLP biases), tied embeddings, a head size of its own (as Mistral NeMo's), and sliding-window
+attention (Mistral on every layer, Qwen2 on its upper layers). Tiny models with random weights, compared logit by logit; an architecture
 that is not supported is refused by name."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def llama_with_biases() -> PreTrainedModel:
 
 
 def mistral_with_a_window() -> PreTrainedModel:
-    return MistralForCausalLM(MistralConfig(**SHAPE, sliding_window=WINDOW,
+    return MistralForCausalLM(MistralConfig(**SHAPE, sliding_window=WINDOW, head_dim=24,
                                             architectures=["MistralForCausalLM"]))
 
 
