@@ -5,8 +5,11 @@ transformers model's own modules and weights, with the Q/K/V and gate/up project
 into one matmul each. All scheduled tokens of all requests travel as one flat sequence;
 attention is one call per layer for the whole batch (see `attention.py`).
 
-On a CPU, a projection is computed as nn.Linear's x @ Wᵀ or as (W @ xᵀ)ᵀ, whichever was
-faster for its number of rows when the model was loaded (see `measured_choice.py`).
+On a CPU, a float32 projection is computed as nn.Linear's x @ Wᵀ or as (W @ xᵀ)ᵀ, whichever
+was faster for its number of rows when the model was loaded, or, where that was faster
+overall, from a copy of the weight laid out once for MKL's packed GEMM, which then replaces
+it (see `measured_choice.py`). The LM head is left unpacked: a tied model looks tokens up in
+its weight.
 
 The residual stream is float32 for every model; a bf16 or fp16 model's norms hand its
 projections their input in the model's dtype. With a quantization plan the projections, the
@@ -34,7 +37,8 @@ from transformers import PretrainedConfig, PreTrainedModel
 from engine.attention import AttentionBatch, paged_attention
 from engine.decode_graphs import DecodeGraphs
 from engine.host_memory import release_free_heap
-from engine.measured_choice import MeasuredChoice, one_after_another, transposed_product
+from engine.measured_choice import (MeasuredChoice, faster_overall, fp32_packed_product,
+                                    one_after_another, prepack_fp32, transposed_product)
 from engine.quantization import (QuantizationPlan, QuantizedEmbedding, QuantizedProjection,
                                  QuantizedWeight, RefinedHead, Scratch)
 
@@ -85,12 +89,16 @@ class Projection:
         self._transposed = transposed or MeasuredChoice.first_always()
 
     @classmethod
-    def concat(cls, *linears: nn.Linear, transposed: MeasuredChoice | None = None) -> Projection:
-        """Several projections of the same input as one matmul (outputs side by side)."""
+    def concat(cls, *linears: nn.Linear, transposed: MeasuredChoice | None = None,
+               copy: bool = False) -> Projection:
+        """Several projections of the same input as one matmul (outputs side by side).
+        copy: a copy of one projection's weights too, not a view of them."""
         if len(linears) == 1:
-            bias = linears[0].bias
-            return cls(linears[0].weight.detach(), None if bias is None else bias.detach(),
-                       transposed)
+            weight, bias = linears[0].weight.detach(), linears[0].bias
+            bias = None if bias is None else bias.detach()
+            if copy:
+                weight, bias = weight.clone(), None if bias is None else bias.clone()
+            return cls(weight, bias, transposed)
         weight = torch.cat([linear.weight.detach() for linear in linears])
         biases = [linear.bias for linear in linears]
         bias = torch.cat([b.detach() for b in biases]) if biases[0] is not None else None
@@ -101,6 +109,19 @@ class Projection:
             return F.linear(x, self.weight, self.bias)
         y = transposed_product(x, self.weight)
         return y if self.bias is None else y + self.bias
+
+
+class PackedProjection:
+    """A float32 Projection computed from its weight laid out for MKL's packed GEMM (see
+    `measured_choice.py`); the unpacked weight is not kept."""
+
+    def __init__(self, projection: Projection) -> None:
+        self.bias = projection.bias
+        self._packed = prepack_fp32(projection.weight)
+        self._shape = projection.weight.new_zeros(()).expand(projection.weight.shape)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return fp32_packed_product(x, self._packed, self._shape, self.bias)
 
 
 class RMSNorm:
@@ -123,11 +144,11 @@ class RMSNorm:
 @dataclass(frozen=True, slots=True)
 class _Layer:
     input_norm: RMSNorm
-    qkv: Projection
-    o_proj: Projection
+    qkv: Projection | PackedProjection | QuantizedProjection
+    o_proj: Projection | PackedProjection | QuantizedProjection
     post_norm: RMSNorm
-    gate_up: Projection
-    down: Projection
+    gate_up: Projection | PackedProjection | QuantizedProjection
+    down: Projection | PackedProjection | QuantizedProjection
     act: nn.Module
     windowed: bool  # attends within the model's sliding window
 
@@ -163,8 +184,14 @@ class PagedRunner:
         self._scratch = Scratch()
         measures = device.type == "cpu" and model.lm_head.weight.dtype == torch.float32
         self._transposed = self._measure_transposed(model) if measures else None
+        self._packs = (measures and not quantization.is_quantized
+                       and torch.backends.mkl.is_available() and self._measure_packed(model))
         self._dense_bf16 = bf16_compute
         self._dense = MeasuredChoice()
+        # On a CPU the loader maps the checkpoint's file, and while any view of it lived the
+        # whole mapping stayed resident (538 MB for SmolLM2 in float32), fused or packed
+        # weights besides: unquantized, the runner keeps copies only, as quantized it does.
+        self._keeps_copies = device.type == "cpu" and not quantization.is_quantized
         head = self._project(None, {"output": model.lm_head})
         self._embed = self._embedding(model, head)
         self._lm_head = RefinedHead(head) if isinstance(head, QuantizedProjection) else head
@@ -209,9 +236,9 @@ class PagedRunner:
         whose pages became resident as blocks were first written would make memory creep up
         for minutes under load, which monitoring cannot tell from a leak. Allocated at the
         warm-up (or the first step) rather than at construction: by then the loader's model is
-        gone, and with it a quantized runner's float32 weights (pages of the mapped
-        checkpoint), so the pool takes their place in memory instead of adding to it, and so
-        does the heap memory the load freed (see `host_memory.py`)."""
+        gone, and on a CPU with it the mapped checkpoint (the runner keeps its own copies or
+        quantized forms), so the pool takes its place in memory instead of adding to it, and
+        so does the heap memory the load freed (see `host_memory.py`)."""
         gc.collect()
         release_free_heap()
         self._k_cache = torch.zeros(self._cache_shape, dtype=self._cache_dtype, device=self._device)
@@ -250,6 +277,17 @@ class PagedRunner:
             one_after_another([partial(transposed_product, weight=weight) for weight in weights]),
             weights[0].shape[1])
 
+    def _measure_packed(self, model: PreTrainedModel) -> bool:
+        """Whether MKL's packed GEMM beats the unpacked projection (in the form measured for
+        each number of rows) overall, timed over the layers' up projections."""
+        weights = [layer.mlp.up_proj.weight.detach()
+                   for layer in measured_layers(model.model.layers,
+                                                lambda layer: layer.mlp.up_proj.weight.nbytes)]
+        unpacked = [Projection(weight, transposed=self._transposed) for weight in weights]
+        return faster_overall(one_after_another(unpacked),
+                              one_after_another([PackedProjection(p) for p in unpacked]),
+                              weights[0].shape[1])
+
     def _measure_dense(self) -> None:
         """Whether the dense form beats PyTorch's packed kernels, by rows, timed over the
         layers' gate/up projections (see `measured_layers`)."""
@@ -260,12 +298,15 @@ class PagedRunner:
                             projections[0].shape[1])
 
     def _project(self, layer: int | None, linears: dict[str, nn.Linear]
-                 ) -> Projection | QuantizedProjection:
+                 ) -> Projection | PackedProjection | QuantizedProjection:
         """One projection for `linears` (GGUF role → module) side by side, quantized as the
-        plan says for layer `layer` (None: the LM head)."""
-        projection = Projection.concat(*linears.values(), transposed=self._transposed)
+        plan says for layer `layer` (None: the LM head), or packed for MKL where measured
+        faster (not the LM head)."""
+        projection = Projection.concat(*linears.values(), transposed=self._transposed,
+                                       copy=self._keeps_copies)
         if not self._quantization.is_quantized:
-            return projection
+            return PackedProjection(projection) if self._packs and layer is not None \
+                else projection
         bits = self._quantization.bits(layer, tuple(linears))
         return QuantizedProjection(QuantizedWeight.quantize(projection.weight, bits),
                                    projection.bias, self._scratch, dense_bf16=self._dense_bf16,
@@ -275,14 +316,19 @@ class PagedRunner:
     def _embedding(self, model: PreTrainedModel, head: Projection | QuantizedProjection
                    ) -> Callable[[torch.Tensor], torch.Tensor]:
         """The token embedding. Quantized: a tied model looks tokens up in its quantized LM
-        head, any other in an int8 copy; the float weights are dropped from the model."""
+        head, any other in an int8 copy. Copied (see `_keeps_copies`): a tied model in its LM
+        head's copy, any other in a copy of its own. Either way the weights are dropped from
+        the model."""
         embedding = model.model.embed_tokens
-        if not isinstance(head, QuantizedProjection):
+        if not isinstance(head, QuantizedProjection) and not self._keeps_copies:
             return embedding
         is_tied = embedding.weight is model.lm_head.weight
-        source = head if is_tied else QuantizedWeight.quantize(embedding.weight, 8)
         model.model.embed_tokens = None
         model.lm_head = None
+        if not isinstance(head, QuantizedProjection):
+            weight = head.weight if is_tied else embedding.weight.detach().clone()
+            return nn.Embedding.from_pretrained(weight, padding_idx=embedding.padding_idx)
+        source = head if is_tied else QuantizedWeight.quantize(embedding.weight, 8)
         return QuantizedEmbedding(source)
 
     @torch.inference_mode()

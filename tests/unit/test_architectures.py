@@ -7,6 +7,8 @@ that is not supported is refused by name."""
 from __future__ import annotations
 
 import copy
+import dataclasses
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -98,3 +100,37 @@ def test_an_unsupported_architecture_is_refused_naming_the_supported_ones() -> N
     with pytest.raises(UnsupportedModel, match="GPT2LMHeadModel is not supported.*"
                                                "LlamaForCausalLM.*Qwen2ForCausalLM"):
         PagedRunner(model, torch.device("cpu"), NUM_BLOCKS, BLOCK_SIZE)
+
+
+def test_a_cpu_runner_keeps_no_view_of_the_models_weights() -> None:
+    """On a CPU the loader's checkpoint is a mapped file: a view of any weight kept the whole
+    mapping resident. The runner's float32 weights are its own (copies, or MKL's packed
+    layout), as its quantized ones are."""
+    model = build("llama")
+    parameters = list(model.parameters())  # alive, so their memory is not reused
+    weights = {parameter.untyped_storage().data_ptr() for parameter in parameters}
+    runner = PagedRunner(model, torch.device("cpu"), NUM_BLOCKS, BLOCK_SIZE)
+    kept = list(tensors_reachable_from(runner))
+    assert len(kept) > 4 * 4  # the layers' norms and biases at least
+    assert not [tensor.shape for tensor in kept if tensor.untyped_storage().data_ptr() in weights]
+
+
+def tensors_reachable_from(root: object) -> Iterator[torch.Tensor]:
+    seen: set[int] = set()
+    pending = [root]
+    while pending:
+        item = pending.pop()
+        if id(item) in seen:
+            continue
+        seen.add(id(item))
+        if isinstance(item, torch.Tensor):
+            if item.layout == torch.strided:
+                yield item
+        elif isinstance(item, torch.nn.Module):
+            pending.extend(item.parameters())
+        elif isinstance(item, list | tuple):
+            pending.extend(item)
+        elif dataclasses.is_dataclass(item):
+            pending.extend(getattr(item, field.name) for field in dataclasses.fields(item))
+        elif hasattr(item, "__dict__") and not isinstance(item, type):
+            pending.extend(vars(item).values())

@@ -1,4 +1,4 @@
-"""The runner's projections: both forms of the product give nn.Linear's result, whichever one
+"""The runner's projections: every form of the product gives nn.Linear's result, whichever one
 the load-time measurement picks for a number of rows."""
 
 from __future__ import annotations
@@ -8,18 +8,20 @@ import torch
 import torch.nn.functional as F
 
 from engine.measured_choice import MeasuredChoice
-from engine.paged_runner import Projection
+from engine.paged_runner import PackedProjection, Projection
 
 
-@pytest.mark.parametrize("rows", [1, 3, 20, 70])
-@pytest.mark.parametrize("transposed", [None, MeasuredChoice.second_always()],
-                         ids=["plain", "transposed"])
-def test_a_projection_equals_nn_linear_in_either_form(rows: int,
-                                                      transposed: MeasuredChoice | None) -> None:
+@pytest.mark.parametrize("rows", [1, 3, 20, 64, 70, 300])
+@pytest.mark.parametrize("form", ["plain", "transposed", "packed"])
+def test_a_projection_equals_nn_linear_in_every_form(rows: int, form: str) -> None:
+    """The packed form is computed from a layout made for 64 rows, for any number of rows,
+    without the unpacked weight."""
     generator = torch.Generator().manual_seed(rows)
     weight = torch.randn(48, 32, generator=generator)
     bias = torch.randn(48, generator=generator)
     x = torch.randn(rows, 32, generator=generator)
-    projection = Projection(weight, bias, transposed)
+    projection = Projection(weight.clone(), bias,
+                            MeasuredChoice.second_always() if form == "transposed" else None)
+    if form == "packed":
+        projection = PackedProjection(projection)
     torch.testing.assert_close(projection(x), F.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
-
