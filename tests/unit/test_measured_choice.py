@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.measured_choice import MeasuredChoice
+from engine.measured_choice import MeasuredChoice, faster_overall
 from engine.paged_runner import measured_layers
 
 
@@ -25,6 +25,11 @@ def test_the_faster_way_is_chosen_for_every_number_of_rows() -> None:
     assert not any(MeasuredChoice().measure(fast, slow, 64).second_is_faster(n) for n in rows)
     assert not any(MeasuredChoice().second_is_faster(n) for n in rows)
     assert all(MeasuredChoice.second_always().second_is_faster(n) for n in rows)
+
+
+def test_a_choice_for_all_rows_at_once_picks_the_faster_overall() -> None:
+    assert faster_overall(slow, fast, 64)
+    assert not faster_overall(fast, slow, 64)
 
 
 def test_timing_covers_the_first_128_mib_of_layers_and_at_least_one() -> None:
