@@ -269,9 +269,7 @@ class PagedRunner:
     def _measure_transposed(model: PreTrainedModel) -> MeasuredChoice:
         """Whether (W @ xᵀ)ᵀ beats x @ Wᵀ on this CPU, by rows, timed over the layers' up
         projections (see `measured_layers`)."""
-        weights = [layer.mlp.up_proj.weight.detach()
-                   for layer in measured_layers(model.model.layers,
-                                                lambda layer: layer.mlp.up_proj.weight.nbytes)]
+        weights = _timed_up_projections(model)
         return MeasuredChoice().measure(
             one_after_another([partial(F.linear, weight=weight) for weight in weights]),
             one_after_another([partial(transposed_product, weight=weight) for weight in weights]),
@@ -280,9 +278,7 @@ class PagedRunner:
     def _measure_packed(self, model: PreTrainedModel) -> bool:
         """Whether MKL's packed GEMM beats the unpacked projection (in the form measured for
         each number of rows) overall, timed over the layers' up projections."""
-        weights = [layer.mlp.up_proj.weight.detach()
-                   for layer in measured_layers(model.model.layers,
-                                                lambda layer: layer.mlp.up_proj.weight.nbytes)]
+        weights = _timed_up_projections(model)
         unpacked = [Projection(weight, transposed=self._transposed) for weight in weights]
         return faster_overall(one_after_another(unpacked),
                               one_after_another([PackedProjection(p) for p in unpacked]),
@@ -380,6 +376,14 @@ def sliding_window_layers(config: PretrainedConfig) -> tuple[int | None, list[bo
     if layer_types is None:
         return window, [True] * config.num_hidden_layers
     return window, [layer_type == "sliding_attention" for layer_type in layer_types]
+
+
+def _timed_up_projections(model: PreTrainedModel) -> list[torch.Tensor]:
+    """The float32 up-projection weights that load-time choices are timed over (see
+    `measured_layers`)."""
+    return [layer.mlp.up_proj.weight.detach()
+            for layer in measured_layers(model.model.layers,
+                                         lambda layer: layer.mlp.up_proj.weight.nbytes)]
 
 
 def measured_layers(layers: Sequence[Layer], size: Callable[[Layer], int]) -> Sequence[Layer]:
