@@ -8,8 +8,9 @@ attention is one call per layer for the whole batch (see `attention.py`).
 On a CPU, a float32 projection is computed as nn.Linear's x @ Wᵀ or as (W @ xᵀ)ᵀ, whichever
 was faster for its number of rows when the model was loaded, or, where that was faster
 overall, from a copy of the weight laid out once for MKL's packed GEMM, which then replaces
-it (see `measured_choice.py`). The LM head is left unpacked: a tied model looks tokens up in
-its weight.
+it (see `measured_choice.py`). That goes for the LM head too, whose plain GEMM took twice as
+long for 9 to 15 rows as for 16 on the Xeon (a packed one, 7 ms throughout); a tied model then
+looks tokens up in a copy of its own, since the packed layout cannot be indexed.
 
 The residual stream is float32 for every model; a bf16 or fp16 model's norms hand its
 projections their input in the model's dtype. With a quantization plan the projections, the
@@ -297,24 +298,24 @@ class PagedRunner:
                  ) -> Projection | PackedProjection | QuantizedProjection:
         """One projection for `linears` (GGUF role → module) side by side, quantized as the
         plan says for layer `layer` (None: the LM head), or packed for MKL where measured
-        faster (not the LM head)."""
+        faster."""
         projection = Projection.concat(*linears.values(), transposed=self._transposed,
                                        copy=self._keeps_copies)
         if not self._quantization.is_quantized:
-            return PackedProjection(projection) if self._packs and layer is not None \
-                else projection
+            return PackedProjection(projection) if self._packs else projection
         bits = self._quantization.bits(layer, tuple(linears))
         return QuantizedProjection(QuantizedWeight.quantize(projection.weight, bits),
                                    projection.bias, self._scratch, dense_bf16=self._dense_bf16,
                                    dense=self._dense, transposed=self._transposed,
                                    lookups=layer is None)
 
-    def _embedding(self, model: PreTrainedModel, head: Projection | QuantizedProjection
+    def _embedding(self, model: PreTrainedModel,
+                   head: Projection | PackedProjection | QuantizedProjection
                    ) -> Callable[[torch.Tensor], torch.Tensor]:
         """The token embedding. Quantized: a tied model looks tokens up in its quantized LM
-        head, any other in an int8 copy. Copied (see `_keeps_copies`): a tied model in its LM
-        head's copy, any other in a copy of its own. Either way the weights are dropped from
-        the model."""
+        head, any other in an int8 copy. Copied (see `_keeps_copies`): a tied model in its
+        unpacked LM head's copy, any other in a copy of its own. Either way the weights are
+        dropped from the model."""
         embedding = model.model.embed_tokens
         if not isinstance(head, QuantizedProjection) and not self._keeps_copies:
             return embedding
@@ -322,7 +323,8 @@ class PagedRunner:
         model.model.embed_tokens = None
         model.lm_head = None
         if not isinstance(head, QuantizedProjection):
-            weight = head.weight if is_tied else embedding.weight.detach().clone()
+            shares = is_tied and isinstance(head, Projection)
+            weight = head.weight if shares else embedding.weight.detach().clone()
             return nn.Embedding.from_pretrained(weight, padding_idx=embedding.padding_idx)
         source = head if is_tied else QuantizedWeight.quantize(embedding.weight, 8)
         return QuantizedEmbedding(source)

@@ -62,8 +62,18 @@ def reference_logits(model: PreTrainedModel, ids: list[int]) -> torch.Tensor:
         return model(torch.tensor([ids])).logits[0]
 
 
+@pytest.fixture(params=[False, True], ids=["unpacked", "packed"])
+def packs(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """Whether the runner lays its float32 weights out for MKL's packed GEMM, which it
+    otherwise decides by timing them at load."""
+    if request.param and not torch.backends.mkl.is_available():
+        pytest.fail("this torch has no MKL: the packed layout cannot be checked")
+    monkeypatch.setattr(PagedRunner, "_measure_packed", lambda self, model: request.param)
+    return request.param
+
+
 @pytest.mark.parametrize("name", MODELS)
-def test_a_prompt_in_chunks_then_decode_steps_match_transformers(name: str) -> None:
+def test_a_prompt_in_chunks_then_decode_steps_match_transformers(name: str, packs: bool) -> None:
     """Three sequences in one batch: a prompt past the window prefilled in two chunks while a
     short one is prefilled whole, then decode steps, static (padded) and eager alike."""
     model = build(name)
@@ -102,11 +112,12 @@ def test_an_unsupported_architecture_is_refused_naming_the_supported_ones() -> N
         PagedRunner(model, torch.device("cpu"), NUM_BLOCKS, BLOCK_SIZE)
 
 
-def test_a_cpu_runner_keeps_no_view_of_the_models_weights() -> None:
+@pytest.mark.parametrize("name", ["llama", "qwen2"])  # embeddings apart from the head, tied
+def test_a_cpu_runner_keeps_no_view_of_the_models_weights(name: str, packs: bool) -> None:
     """On a CPU the loader's checkpoint is a mapped file: a view of any weight kept the whole
     mapping resident. The runner's float32 weights are its own (copies, or MKL's packed
     layout), as its quantized ones are."""
-    model = build("llama")
+    model = build(name)
     parameters = list(model.parameters())  # alive, so their memory is not reused
     weights = {parameter.untyped_storage().data_ptr() for parameter in parameters}
     runner = PagedRunner(model, torch.device("cpu"), NUM_BLOCKS, BLOCK_SIZE)
