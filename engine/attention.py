@@ -74,7 +74,7 @@ class AttentionGroup:
         mask = None if unmasked else (causal | padding).unsqueeze(1).to(device)
         window_mask = mask
         if sliding_window is not None and l_max > sliding_window:
-            in_window = key_positions > query_positions - sliding_window
+            in_window = within_window(key_positions, query_positions, sliding_window)
             window_mask = (causal & in_window | padding).unsqueeze(1).to(device)
         return cls(
             token_index=torch.tensor(token_index, device=device),
@@ -132,6 +132,12 @@ class AttentionBatch:
             groups=groups,
             sample_index=torch.tensor(sample_index, device=device, dtype=torch.long),
         )
+
+
+def within_window(key_positions: torch.Tensor, query_positions: torch.Tensor,
+                  sliding_window: int) -> torch.Tensor:
+    """Where a query may see a key under a sliding window (transformers' rule)."""
+    return key_positions > query_positions - sliding_window
 
 
 def slots_of(block_ids: Sequence[int], num_tokens: int, block_size: int) -> torch.Tensor:

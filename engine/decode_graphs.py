@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from engine.attention import AttentionBatch, AttentionGroup, slots_of
+from engine.attention import AttentionBatch, AttentionGroup, slots_of, within_window
 
 if TYPE_CHECKING:
     from engine.paged_runner import SequenceChunk
@@ -177,5 +177,6 @@ class DecodeGraphs:
         mask = key_positions < lengths.view(-1, 1)
         group.mask.copy_(mask.view(batch_size, 1, 1, -1))
         if self._sliding_window is not None:
-            in_window = key_positions >= lengths.view(-1, 1) - self._sliding_window
+            in_window = within_window(key_positions, lengths.view(-1, 1) - 1,
+                                      self._sliding_window)
             group.window_mask.copy_((mask & in_window).view(batch_size, 1, 1, -1))
