@@ -147,7 +147,10 @@ def parameter_values(parameters: Mapping[str, pb.InferParameter]) -> dict[str, o
         if name in TRITON_RESERVED_PARAMETERS or name.startswith("triton_"):
             continue
         choice = parameter.WhichOneof("parameter_choice")
-        values[name] = getattr(parameter, choice) if choice else None
+        if choice is None:
+            raise InvalidRequest(name, "has no value: set bool_param, int64_param, uint64_param, "
+                                 "double_param or string_param, or leave the parameter out")
+        values[name] = getattr(parameter, choice)
     for name, kind in JSON_PARAMETERS.items():
         if isinstance(values.get(name), str) and values[name].startswith(JSON_OPENINGS[kind]):
             values[name] = _json_value(name, values[name], kind)
@@ -206,8 +209,14 @@ def stream_response(call: InferCall, model_name: str,
     return pb.ModelStreamInferResponse(infer_response=response)
 
 
-def stream_error(message: str) -> pb.ModelStreamInferResponse:
-    return pb.ModelStreamInferResponse(error_message=message)
+def stream_error(request: pb.ModelInferRequest, message: str) -> pb.ModelStreamInferResponse:
+    """An in-band error, which ends its request: as Triton does, it names the request (id,
+    model) so that a client with several requests on the stream knows which failed, and is
+    that request's final response."""
+    response = pb.ModelInferResponse(id=request.id, model_name=request.model_name,
+                                     model_version=request.model_version)
+    response.parameters[FINAL_RESPONSE_PARAMETER].bool_param = True
+    return pb.ModelStreamInferResponse(error_message=message, infer_response=response)
 
 
 def deserialize_bytes(data: bytes, field: str) -> list[bytes]:
@@ -252,6 +261,9 @@ def _raw_input(request: pb.ModelInferRequest) -> bytes | None:
     if len(request.raw_input_contents) != len(request.inputs):
         raise InvalidRequest("raw_input_contents", f"has {len(request.raw_input_contents)} "
                              f"entries for {len(request.inputs)} inputs")
+    if request.inputs[0].HasField("contents"):
+        raise InvalidRequest(request.inputs[0].name, "has both contents and raw_input_contents: "
+                             "send the tensor's data in one of them")
     return request.raw_input_contents[0]
 
 

@@ -1,8 +1,7 @@
 """KServe v2 `inference.GRPCInferenceService`, backed by the engine.
 
 Each RPC is a few lines: decode with `codec`, call the engine, encode. Engine errors map to
-gRPC statuses through `errors.status_for`; RPCs not listed here answer UNIMPLEMENTED (the
-generated base class does that).
+gRPC statuses through `errors.status_for`; the service's other RPCs answer UNIMPLEMENTED.
 """
 
 from __future__ import annotations
@@ -29,6 +28,9 @@ from server.served_model import ServedModel
 logger = logging.getLogger(__name__)
 
 Response = TypeVar("Response")
+ServicerClass = TypeVar("ServicerClass")
+# A stream request that failed, and why: it ends that request only.
+StreamError = tuple[pb.ModelInferRequest, EngineError]
 # Triton's header asking for stream errors as gRPC statuses (inference_protocols.md).
 GRPC_ERROR_HEADER = "triton_grpc_error"
 
@@ -47,6 +49,25 @@ def engine_errors(rpc: Callable[..., Awaitable[Response]]) -> Callable[..., Awai
     return wrapper
 
 
+def unsupported_rpcs_answer_unimplemented(servicer: type[ServicerClass]) -> type[ServicerClass]:
+    """Give the KServe v2 RPCs a servicer does not define a plain UNIMPLEMENTED answer naming
+    the RPC. The generated base class raises NotImplementedError instead, which grpc logs as
+    an unexpected error, traceback and all, at every call (tools poll LogSettings, say)."""
+
+    def unsupported(name: str) -> Callable[..., Awaitable[None]]:
+        async def rpc(self: object, request: object, context: grpc.aio.ServicerContext) -> None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED,
+                                f"{name} is not supported: this server serves one model, loaded "
+                                "at start, without shared memory, trace or log settings")
+        return rpc
+
+    for method in pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods:
+        if method.name not in vars(servicer):
+            setattr(servicer, method.name, unsupported(method.name))
+    return servicer
+
+
+@unsupported_rpcs_answer_unimplemented
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     def __init__(self, served: ServedModel, version: str) -> None:
         self.served = served
@@ -118,7 +139,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         call carries Triton's `triton_grpc_error: true` header: then the stream ends with the
         error's gRPC status, which is how the gateway tells a bad request from an overload."""
         status_errors = dict(context.invocation_metadata() or ()).get(GRPC_ERROR_HEADER) == "true"
-        outbox: asyncio.Queue[pb.ModelStreamInferResponse | EngineError | None] = asyncio.Queue()
+        outbox: asyncio.Queue[pb.ModelStreamInferResponse | StreamError | None] = asyncio.Queue()
         running: set[asyncio.Task[None]] = set()
 
         async def serve(request: pb.ModelInferRequest) -> None:
@@ -128,10 +149,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                     async for event in events:
                         outbox.put_nowait(codec.stream_response(call, self.served.model_name, event))
             except EngineError as error:
-                outbox.put_nowait(error)
+                outbox.put_nowait((request, error))
             except Exception:
                 logger.exception("stream request %r failed", request.id)
-                outbox.put_nowait(GenerationFailed("internal error"))
+                outbox.put_nowait((request, GenerationFailed("internal error")))
 
         async def read_requests() -> None:
             try:
@@ -147,12 +168,13 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         reader = asyncio.create_task(read_requests())
         try:
             while (item := await outbox.get()) is not None:
-                if not isinstance(item, EngineError):
+                if not isinstance(item, tuple):
                     yield item
-                elif status_errors:
-                    await context.abort(status_for(item), item.message)
-                else:
-                    yield codec.stream_error(item.message)
+                    continue
+                request, error = item
+                if status_errors:
+                    await context.abort(status_for(error), error.message)
+                yield codec.stream_error(request, error.message)
         finally:
             for task in (reader, *running):
                 task.cancel()

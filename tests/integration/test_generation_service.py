@@ -1,5 +1,5 @@
-"""End to end: `switchboard.v1.Generation/Generate`, `Management` and KServe's `RepositoryIndex`
-against the real server process and the real SmolLM2 model, over mutual TLS, as a client sees
+"""End to end: `switchboard.v1.Generation/Generate`, `Management` and KServe's `RepositoryIndex`,
+stream errors and unsupported RPCs against the real server process and the real SmolLM2 model, over mutual TLS, as a client sees
 them (sync gRPC and our generated stubs)."""
 
 from __future__ import annotations
@@ -503,6 +503,49 @@ def test_repository_index_lists_the_served_model(inference) -> None:
         index = inference.RepositoryIndex(pb.RepositoryIndexRequest(ready=ready), timeout=10)
         assert [(model.name, model.version, model.state) for model in index.models] == \
             [(MODEL, "1", "READY")]
+
+
+def stream_request(request_id: str, prompt: str, **parameters: object) -> pb.ModelInferRequest:
+    message = pb.ModelInferRequest(model_name=MODEL, model_version="1", id=request_id,
+                                   parameters={name: to_parameter(name, value)
+                                               for name, value in parameters.items()})
+    message.inputs.add(name="text_input", datatype="BYTES", shape=[1]) \
+        .contents.bytes_contents.append(prompt.encode())
+    return message
+
+
+def test_stream_errors_name_their_request_and_end_it(inference) -> None:
+    """As Triton's: an error response carries its request's id and model and is its final
+    response, whether the request was refused (top_p) or failed while generating (timeout)."""
+    requests = [stream_request("refused", COMPLETION_PROMPT, top_p=1.5),
+                stream_request("timed-out", COMPLETION_PROMPT, timeout=300_000,
+                               max_new_tokens=500, ignore_eos=True),
+                stream_request("served", COMPLETION_PROMPT, do_sample=False, max_new_tokens=2)]
+    responses = list(inference.ModelStreamInfer(iter(requests), timeout=CALL_TIMEOUT_S))
+    by_id: dict[str, list[pb.ModelStreamInferResponse]] = {}
+    for response in responses:
+        by_id.setdefault(response.infer_response.id, []).append(response)
+    assert by_id.keys() == {"refused", "timed-out", "served"}
+    for request_id, reason in (("refused", "top_p"), ("timed-out", "timed out")):
+        *tokens, last = by_id[request_id]
+        assert reason in last.error_message
+        assert (last.infer_response.model_name, last.infer_response.model_version) == (MODEL, "1")
+        assert last.infer_response.parameters["triton_final_response"].bool_param
+        assert not any(token.error_message for token in tokens)
+    assert len(by_id["timed-out"]) > 1  # it was refused while generating, not before
+    assert [response.error_message for response in by_id["served"]] == ["", ""]
+
+
+def test_unsupported_rpcs_answer_unimplemented_naming_the_rpc(grpc_server, inference) -> None:
+    for call, message in ((inference.LogSettings, pb.LogSettingsRequest()),
+                          (inference.RepositoryModelLoad,
+                           pb.RepositoryModelLoadRequest(model_name=MODEL))):
+        with pytest.raises(grpc.RpcError) as caught:
+            call(message, timeout=10)
+        assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        assert caught.value.details().startswith(f"{message.DESCRIPTOR.name.removesuffix('Request')}"
+                                                 " is not supported")
+    assert "NotImplementedError" not in grpc_server.log_text()
 
 
 def test_reflection_lists_generation_and_management(channel) -> None:

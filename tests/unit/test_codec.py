@@ -138,6 +138,12 @@ def two_raw_contents() -> pb.ModelInferRequest:
     return request
 
 
+def typed_and_raw_contents() -> pb.ModelInferRequest:
+    request = token_request()
+    request.inputs[0].contents.uint_contents.extend([1, 2, 3])
+    return request
+
+
 def unknown_output() -> pb.ModelInferRequest:
     request = token_request()
     request.outputs.add(name="text_output")
@@ -154,6 +160,7 @@ def unknown_output() -> pb.ModelInferRequest:
     (lambda: token_request(shape=[4]), "input0", "needs 16 bytes of UINT32 data; got 12"),
     (lambda: token_request(raw=False, shape=[4]), "input0", "holds 4 elements; got 3"),
     (two_raw_contents, "raw_input_contents", "has 2 entries for 1 inputs"),
+    (typed_and_raw_contents, "input0", "has both contents and raw_input_contents"),
     (unknown_output, "outputs", "unknown output 'text_output'"),
     (lambda: text_request(shape=[2]), "text_input", "expected one string element"),
     (lambda: text_request(data=serialize_bytes([b"a", b"b"])), "text_input",
@@ -173,6 +180,16 @@ def test_invalid_infer_request_names_the_field_at_fault(make: Callable[[], pb.Mo
                                       "triton_enable_empty_final_response"])
 def test_reserved_triton_parameters_are_dropped(reserved: str) -> None:
     assert pb_parameters(**{reserved: True, "top_k": 3}) == {"top_k": 3}
+
+
+def test_a_parameter_without_a_value_is_refused_by_name() -> None:
+    request = pb.ModelInferRequest()
+    request.parameters["top_k"].int64_param = 3
+    request.parameters["temperature"].SetInParent()
+    with pytest.raises(InvalidRequest) as caught:
+        parameters_from_pb(request.parameters)
+    assert caught.value.field == "temperature"
+    assert "has no value" in caught.value.reason
 
 
 @pytest.mark.parametrize(("priority", "expected"), [(0, {}), (3, {"priority": 3})])
