@@ -26,6 +26,9 @@ logger = logging.getLogger(__name__)
 Response = TypeVar("Response")
 # Deadline of the small unary calls (health, metadata, model index, tokenizer, management).
 METADATA_TIMEOUT_S = 10.0
+# The status logged and counted for a request whose client left before its answer (nginx's
+# "client closed request", which vLLM answers too): not a server error.
+CLIENT_CLOSED_REQUEST = 499
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +64,7 @@ class Handler(tornado.web.RequestHandler):
         self._calls: set[grpc.aio.Call] = set()
         self._in_flight = False
         self._admitted = False
+        self._client_gone = False
 
     async def prepare(self) -> None:
         declared = self.request.headers.get("Content-Length", "0")
@@ -72,6 +76,8 @@ class Handler(tornado.web.RequestHandler):
             self._in_flight = True
             await self.services.admission.acquire()
             self._admitted = True
+            if self._client_gone:  # it left while waiting its turn
+                self._release()
 
     async def is_server_ready(self) -> bool:
         """Ready for inference: the server says so, and this gateway is not stopping."""
@@ -95,6 +101,10 @@ class Handler(tornado.web.RequestHandler):
                           for key, value in response.config.parameters.items()}
 
     def on_finish(self) -> None:
+        self._release()
+
+    def _release(self) -> None:
+        """Give back the request's forwarding slot and its place among those in flight, once."""
         if self._admitted:
             self._admitted = False
             self.services.admission.release()
@@ -119,10 +129,26 @@ class Handler(tornado.web.RequestHandler):
         return call
 
     def on_connection_close(self) -> None:
+        """The client left: its calls are cancelled and its request no longer counts as in
+        flight. Tornado never finishes a request whose body was still arriving (no on_finish),
+        so this releases what `prepare` took; its own handler ends such a request."""
+        super().on_connection_close()
+        self._client_gone = True
+        self.set_status(CLIENT_CLOSED_REQUEST)
         for call in list(self._calls):
             if call.cancel():
                 logger.info("%s %s: client gone, upstream call cancelled", self.request.method,
                             self.request.path)
+        self._release()
+
+    def send_error(self, status_code: int = 500, **kwargs: Any) -> None:
+        """No error reply to a client that has left (the calls it was awaiting were cancelled
+        for it): the request ends as CLIENT_CLOSED_REQUEST."""
+        if not self._client_gone:
+            super().send_error(status_code, **kwargs)
+        elif not self._finished:
+            self.set_status(CLIENT_CLOSED_REQUEST)
+            self.finish()
 
     def write_json(self, document: object, status: int = 200) -> None:
         self.set_status(status)
@@ -196,6 +222,8 @@ class Handler(tornado.web.RequestHandler):
         """Expected failures get one line; anything else its traceback, in the log only."""
         if isinstance(value, (RequestError, tornado.web.HTTPError)):
             logger.info("%s %s: %s", self.request.method, self.request.path, value)
+        elif self._client_gone and isinstance(value, asyncio.CancelledError):
+            logger.info("%s %s: client gone", self.request.method, self.request.path)
         elif isinstance(value, grpc.aio.AioRpcError):
             logger.info("%s %s: upstream %s: %s", self.request.method, self.request.path,
                         value.code().name, value.details())

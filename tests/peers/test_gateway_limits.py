@@ -1,11 +1,15 @@
 """The gateway's limits against crowds and misbehaving clients: as MindIE's maxLinkNum
 (`--max-connections`) N, N inference requests run at once and the next wait their turn, one
 connection over 3 × N gets 503 while the others are served, a client that sends its request
-one byte per second is cut off after `--client-timeout`, and headers over
-`--max-header-bytes` end the connection; the gateway serves everyone else throughout."""
+one byte per second is cut off after `--client-timeout`, headers over `--max-header-bytes`
+end the connection, and a client that leaves, even halfway through sending its body, gives
+back its turn and is counted as 499, not as a server error; the gateway serves everyone else
+throughout."""
 
 from __future__ import annotations
 
+import json
+import re
 import socket
 import ssl
 import time
@@ -109,3 +113,64 @@ def test_inference_requests_over_max_links_wait_their_turn_instead_of_failing(
     assert rest[-1]["details"]["finish_reason"] == "length"
     assert status == 200 and reply["text_output"], reply
     assert second_answered_at >= first_ended_at - 0.05  # after the first, not alongside
+
+
+def scrape(gateway, client_files) -> str:
+    status, text = fetch(gateway.url("metrics"), client_files, "/metrics")
+    assert status == 200
+    return text.decode()
+
+
+def in_flight(gateway, client_files) -> float:
+    return float(re.search(r"^switchboard_http_inference_requests_in_flight (\S+)$",
+                           scrape(gateway, client_files), re.MULTILINE).group(1))
+
+
+def closed_requests(gateway, client_files) -> float:
+    """How many requests the gateway counted as closed by their client (499)."""
+    return sum(float(value) for value in re.findall(
+        r'^switchboard_http_requests_total\{[^}]*code="499"[^}]*\} (\S+)$',
+        scrape(gateway, client_files), re.MULTILINE))
+
+
+def leave_after_sending(gateway, client_files, head: bytes, body: bytes) -> None:
+    """Send a request, wait until the gateway counts it in flight, then close the connection."""
+    with tls_socket(gateway.url("business"), client_files) as connection:
+        connection.sendall(head + body)
+        count, _ = poll(lambda: in_flight(gateway, client_files), lambda n: n == 1,
+                        deadline_s=30)
+        assert count == 1
+    count, _ = poll(lambda: in_flight(gateway, client_files), lambda n: n == 0, deadline_s=30)
+    assert count == 0, "the request that left still counts as in flight"
+
+
+def generate_head(path: str, length: int) -> bytes:
+    return (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {length}\r\n\r\n").encode()
+
+
+def test_a_client_that_leaves_while_sending_its_body_gives_back_its_turn(
+        limited_gateway, client_files) -> None:
+    """Tornado never finishes a request whose body stops arriving: its turn (the only one
+    here) must come back when the connection closes, or every later inference request waits
+    for ever and a graceful stop never ends."""
+    leave_after_sending(limited_gateway, client_files,
+                        generate_head(f"/v2/models/{MODEL}/generate", 100), b'{"text_input"')
+    status, reply = request(limited_gateway.url("business"), client_files,
+                            f"/v2/models/{MODEL}/generate",
+                            {"text_input": "Hi", "parameters": {"max_new_tokens": 2}})
+    assert status == 200, reply
+
+
+@pytest.mark.parametrize("route", ["generate", "generate_stream"])
+def test_a_client_that_leaves_before_its_answer_counts_as_499_without_a_traceback(
+        limited_gateway, client_files, route: str) -> None:
+    before = closed_requests(limited_gateway, client_files)
+    body = json.dumps(long_generation(unique_id("left"))).encode()
+    leave_after_sending(limited_gateway, client_files,
+                        generate_head(f"/v2/models/{MODEL}/{route}", len(body)), body)
+    count, _ = poll(lambda: closed_requests(limited_gateway, client_files),
+                    lambda n: n == before + 1, deadline_s=30)
+    assert count == before + 1
+    log = limited_gateway.log_text()
+    assert "Uncaught exception" not in log and "Traceback" not in log, log
