@@ -175,6 +175,12 @@ class Handler(tornado.web.RequestHandler):
             return error.status_code, error.log_message or responses.get(error.status_code, "error")
         return status, "internal error"
 
+    def allowed_methods(self) -> list[str]:
+        """The HTTP methods this route answers: those its handler implements."""
+        return [method for method in self.SUPPORTED_METHODS
+                if getattr(type(self), method.lower())
+                is not getattr(tornado.web.RequestHandler, method.lower())]
+
     def error_body(self, status: int, message: str) -> object:
         return {"error": message}
 
@@ -185,6 +191,8 @@ class Handler(tornado.web.RequestHandler):
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         error = kwargs.get("exc_info", (None, None, None))[1]
+        if status_code == 405:
+            self.set_header("Allow", ", ".join(self.allowed_methods()))
         self.write_json(*reversed(self.error_document(error, status_code)))
 
     async def relay(self, responses: AsyncIterable[Response],

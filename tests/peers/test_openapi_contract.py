@@ -210,6 +210,18 @@ def test_a_vllm_stream_is_not_labelled_json(gateway, client_files) -> None:
     assert all("text" in json.loads(part) for part in response.content.split(b"\0") if part)
 
 
+@pytest.mark.parametrize(("method", "path", "allowed"), [
+    ("GET", "/infer", "POST"), ("GET", "/v1/completions", "POST"),
+    ("DELETE", f"/v2/models/{MODEL}/generate", "POST"), ("POST", "/v1/models", "GET")])
+def test_a_method_a_route_does_not_take_gets_405_saying_which_it_does(
+        gateway, client_files, method: str, path: str, allowed: str) -> None:
+    """RFC 9110 §15.5.6: a 405 carries Allow (schemathesis flagged its absence)."""
+    response = requests.request(method, gateway.url("business") + path,
+                                **mutual_tls(client_files))
+    assert response.status_code == 405, response.text
+    assert response.headers["Allow"] == allowed
+
+
 def test_mindie_infer_refuses_several_sequences(gateway, client_files) -> None:
     status, reply = request(gateway.url("business"), client_files, "/infer",
                             {"inputs": "Hi", "parameters": {"max_new_tokens": 2, "n": 2,
