@@ -1,9 +1,9 @@
 """n and best_of: several sequences for one request, run as independent child requests.
 
-Child i samples with seed + i (child 0 with the request's own seed, so n = 1 is the plain
-request). With best_of > n every child is generated to the end, and the n with the highest
-cumulative log-probability are returned, ranked, as TGI and vLLM do; with best_of == n the
-children's events stream as they come, each carrying its `index`.
+Child i samples with seed + i, modulo 2^64 (child 0 with the request's own seed, so n = 1 is
+the plain request). With best_of > n every child is generated to the end, and the n with the
+highest cumulative log-probability are returned, ranked, as TGI and vLLM do; with best_of == n
+the children's events stream as they come, each carrying its `index`.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def _child(request: GenerationRequest, index: int, ranked: bool) -> GenerationRe
         request,
         request_id=f"{request.request_id}/{index}",
         sampling=dataclasses.replace(
-            sampling, n=1, best_of=1, seed=(sampling.seed - 1 + index) % UINT64_MAX + 1,
+            sampling, n=1, best_of=1, seed=(sampling.seed + index) % (UINT64_MAX + 1),
             # Ranking needs each chosen token's log-probability, asked for or not.
             logprobs=(sampling.logprobs or 0) if ranked else sampling.logprobs,
             # The prompt is the same for all: one child computes its log-probabilities.

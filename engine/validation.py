@@ -1,7 +1,10 @@
 """The one place where request parameters are checked. Every protocol goes through `build_request`.
 
 Parameter names, ranges and defaults are MindIE's (its Triton text/token interface table);
-callers translate their protocol's names and units to these before calling.
+callers translate their protocol's names and units to these before calling. One exception:
+the engine takes any uint64 seed, 0 included (TGI's u64, which OpenAI's and vLLM's seeds are
+translated onto); MindIE's interfaces document (0, 2^64 - 1], which the KServe v2 service
+asks for with `seed_range=MINDIE_SEED_RANGE`.
 """
 
 from __future__ import annotations
@@ -63,7 +66,7 @@ FLOAT_RANGES: dict[str, Interval] = {
 INT_RANGES: dict[str, Interval] = {
     "top_k": Interval(0, INT32_MAX),
     "max_new_tokens": Interval(1, INT32_MAX),
-    "seed": Interval(1, UINT64_MAX),
+    "seed": Interval(0, UINT64_MAX),
     "priority": Interval(1, 5),
     "min_new_tokens": Interval(0, INT32_MAX),
     "top_logprobs": Interval(0, MAX_TOP_LOGPROBS),
@@ -71,6 +74,8 @@ INT_RANGES: dict[str, Interval] = {
     "best_of": Interval(1, MAX_SEQUENCES),
     "truncate": Interval(1, INT32_MAX),
 }
+# MindIE's documented seed range: its protocols refuse 0.
+MINDIE_SEED_RANGE = Interval(1, UINT64_MAX)
 # OpenAI's range for a token's logit bias.
 LOGIT_BIAS_RANGE = Interval(-100.0, 100.0)
 BOOL_PARAMS = ("do_sample", "watermark", "ignore_eos", "logprobs", "prompt_logprobs",
@@ -88,8 +93,10 @@ SUPPORTED_PARAMS = frozenset(FLOAT_RANGES) | frozenset(INT_RANGES) | frozenset(B
 
 
 def build_request(request_id: str, prompt_token_ids: Sequence[int],
-                  parameters: Mapping[str, object], limits: EngineLimits) -> GenerationRequest:
-    """Validate a prompt and its parameters against the engine's limits.
+                  parameters: Mapping[str, object], limits: EngineLimits,
+                  seed_range: Interval = INT_RANGES["seed"]) -> GenerationRequest:
+    """Validate a prompt and its parameters against the engine's limits; `seed_range` is the
+    calling protocol's (MINDIE_SEED_RANGE for MindIE's).
 
     Raises InvalidRequest (or PromptTooLong) whose `field` names the offending parameter;
     a prompt problem names the field "prompt".
@@ -99,7 +106,8 @@ def build_request(request_id: str, prompt_token_ids: Sequence[int],
         raise InvalidRequest(unknown[0], "unknown parameter; supported parameters are "
                              + ", ".join(sorted(SUPPORTED_PARAMS)))
     floats = {name: _float(parameters, name, interval) for name, interval in FLOAT_RANGES.items()}
-    ints = {name: _int(parameters, name, interval) for name, interval in INT_RANGES.items()}
+    ints = {name: _int(parameters, name, interval)
+            for name, interval in {**INT_RANGES, "seed": seed_range}.items()}
     if ints["truncate"]:
         # TGI's truncate: keep the prompt's last tokens.
         prompt_token_ids = prompt_token_ids[-ints["truncate"]:]
@@ -125,7 +133,8 @@ def build_request(request_id: str, prompt_token_ids: Sequence[int],
     requested = ints["max_new_tokens"] or DEFAULT_MAX_NEW_TOKENS
     sampling = SamplingParams(
         do_sample=do_sample,
-        seed=ints["seed"] or secrets.randbelow(UINT64_MAX) + 1,
+        # A drawn seed is in every protocol's range, so that any of them can send it back.
+        seed=secrets.randbelow(UINT64_MAX) + 1 if ints["seed"] is None else ints["seed"],
         max_new_tokens=min(requested, limits.max_iter_times, limits.max_seq_len - len(prompt)),
         temperature=floats["temperature"] or 1.0,
         top_k=ints["top_k"] or 0,

@@ -36,7 +36,7 @@ from gateway.lifecycle import FORCED_STOP_S
 from gateway.protocols import mindie, openai, tgi
 from gateway.protocols.mindie_management import MAX_HEALTH_TIMEOUT_S
 from gateway.protocols.parameters import MAX_DEADLINE_S as MAX_TIMEOUT_S
-from gateway.protocols.parameters import UINT32_MAX, UINT64_MAX
+from gateway.protocols.parameters import INT64_MAX, UINT32_MAX, UINT64_MAX
 from gateway.sse import CONTENT_TYPE as SSE_CONTENT_TYPE
 
 JSON = dict[str, Any]
@@ -121,7 +121,10 @@ PROBABILITY = number(0, 1, low_open=True)
 MIN_P = number(0, 1)
 PENALTY = number(-2, 2)
 LOGIT_BIAS = number(-100, 100)  # a token's, keyed by its id
-SEED = integer(1, UINT64_MAX)
+SEED = integer(1, UINT64_MAX)  # MindIE's
+TGI_SEED = integer(0, UINT64_MAX)  # TGI's u64
+INT64_SEED = {**integer(-INT64_MAX - 1, INT64_MAX),
+              "description": "vLLM's int64; -1 draws a random seed"}  # vLLM's and OpenAI's
 MAX_NEW_TOKENS = integer(1, INT32_MAX)
 MIN_NEW_TOKENS = integer(0, INT32_MAX)
 TRUNCATE = integer(1, INT32_MAX)  # the prompt's last tokens kept
@@ -159,7 +162,7 @@ PARAMETERS: dict[str, JSON] = {
 TGI_PARAMETERS: dict[str, JSON] = {
     "best_of": SEQUENCES, "decoder_input_details": BOOLEAN, "details": BOOLEAN,
     "do_sample": BOOLEAN, "max_new_tokens": MAX_NEW_TOKENS, "repetition_penalty": POSITIVE,
-    "frequency_penalty": PENALTY, "return_full_text": BOOLEAN, "seed": SEED, "stop": STOP,
+    "frequency_penalty": PENALTY, "return_full_text": BOOLEAN, "seed": TGI_SEED, "stop": STOP,
     "temperature": POSITIVE, "top_k": TOP_K, "top_p": PROBABILITY,
     "truncate": TRUNCATE, "typical_p": PROBABILITY,
     "watermark": only(False, BOOLEAN), "top_n_tokens": TOP_LOGPROBS,
@@ -171,7 +174,8 @@ TGI_PARAMETERS: dict[str, JSON] = {
 # OpenAI's sampling fields and vLLM's extras; temperature 0 is greedy.
 OPENAI_SAMPLING: dict[str, JSON] = {
     "temperature": number(0), "top_p": PROBABILITY, "n": SEQUENCES, "stop": STOP,
-    "seed": SEED, "presence_penalty": PENALTY, "frequency_penalty": PENALTY, "top_k": TOP_K,
+    "seed": INT64_SEED, "presence_penalty": PENALTY, "frequency_penalty": PENALTY,
+    "top_k": TOP_K,
     "min_p": MIN_P, "repetition_penalty": POSITIVE, "min_tokens": MIN_NEW_TOKENS,
     "ignore_eos": BOOLEAN, "stop_token_ids": array(TOKEN_ID),
     "allowed_token_ids": array(TOKEN_ID, minItems=1), "include_stop_str_in_output": BOOLEAN,

@@ -21,7 +21,7 @@ from engine.config import EngineLimits
 from engine.errors import InvalidRequest
 from engine.params import GenerationRequest
 from engine.request import FinishReason, RequestOutput, RequestTimings
-from engine.validation import build_request
+from engine.validation import MINDIE_SEED_RANGE, build_request
 from proto import grpc_service_pb2 as pb
 from proto import tensor_bytes
 from proto.tensor_bytes import serialize_bytes
@@ -116,10 +116,12 @@ def check_client_id(client_id: str) -> None:
 
 def build_engine_request(call: InferCall, request_id: str, encode: Callable[[str], list[int]],
                          limits: EngineLimits) -> GenerationRequest:
-    """Validate through the engine's one validation; prompt errors name the input tensor."""
+    """Validate through the engine's one validation, with MindIE's seed range (this is its
+    Triton interface); prompt errors name the input tensor."""
     token_ids = encode(call.prompt) if isinstance(call.prompt, str) else call.prompt
     try:
-        return build_request(request_id, token_ids, call.parameters, limits)
+        return build_request(request_id, token_ids, call.parameters, limits,
+                             seed_range=MINDIE_SEED_RANGE)
     except InvalidRequest as error:
         if error.field != "prompt":
             raise

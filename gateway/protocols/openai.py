@@ -8,7 +8,8 @@ means greedy; absent, the request samples at temperature 1 (OpenAI's default). W
 maxSeqLen). vLLM's sampling extras (top_k, min_p, repetition_penalty, min_tokens, ignore_eos,
 stop_token_ids, allowed_token_ids, include_stop_str_in_output, skip_special_tokens,
 truncate_prompt_tokens) are accepted too, and so is `logit_bias` ({"token id": bias in
-[-100, 100]}).
+[-100, 100]}). `seed` is vLLM's int64: -1 (or none) draws a random one, and every other value,
+0 included, reproduces its samples.
 
 A `model` naming another model than the served one is refused with 404, as vLLM does, except
 the names TGI's clients send for "the model this server runs" (TGI ignores the field): "tgi",
@@ -28,7 +29,7 @@ import grpc
 
 from gateway.errors import bad_request
 from gateway.protocols.generation import (Generation, add_output_format, generate_request,
-                                          json_text, optional_bool, renamed)
+                                          int64_seed, json_text, optional_bool, renamed)
 from gateway.protocols.kserve import optional_string, refuse_unknown, require_object
 from gateway.protocols.parameters import json_type
 from proto import switchboard_pb2 as sb
@@ -170,6 +171,8 @@ def _model(document: Mapping[str, object]) -> str:
 
 def _sampling(document: Mapping[str, object]) -> dict[str, object]:
     values = renamed({name: document.get(name) for name in SAMPLING_FIELDS}, NAMES)
+    if "seed" in values:
+        values["seed"] = int64_seed(values["seed"])
     if document.get("logit_bias") is not None:
         # An object, which a parameter carries as JSON text (the server checks its entries).
         values["logit_bias"] = json.dumps(require_object(document["logit_bias"], "logit_bias"))

@@ -19,7 +19,8 @@ import json
 import grpc
 
 from gateway.errors import bad_request
-from gateway.protocols.generation import Generation, generate_request, optional_bool, renamed
+from gateway.protocols.generation import (Generation, generate_request, int64_seed,
+                                          optional_bool, renamed)
 from gateway.protocols.kserve import (optional_string, refuse_unknown, require_object,
                                       required_string)
 from gateway.protocols.openai import chat_messages
@@ -51,6 +52,8 @@ def generate_request_to_pb(document: object) -> tuple[sb.GenerateRequest, str, b
     refuse_unknown(document, SAMPLING_FIELDS | {"prompt", "stream"}, "sampling parameter")
     values = renamed({name: document.get(name) for name in SAMPLING_FIELDS}, NAMES)
     values.setdefault("max_new_tokens", DEFAULT_MAX_TOKENS)
+    if "seed" in values:
+        values["seed"] = int64_seed(values["seed"])
     # vLLM: temperature 0 is greedy, top_k -1 (or 0) no cut; sampling is the default.
     if values.get("temperature") == 0:
         del values["temperature"]

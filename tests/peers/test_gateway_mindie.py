@@ -226,6 +226,9 @@ def test_malformed_json_is_a_bad_request(gateway, client_files, greedy, path) ->
                  "input_id", id="infer_token-input_id-int"),
     pytest.param("/infer", {"parameters": {"max_new_tokens": 2}}, "inputs",
                  id="infer-no-inputs"),
+    # MindIE's seeds are (0, 2^64 - 1], though switchboard.v1's take 0 (TGI's u64).
+    pytest.param("/infer", {"inputs": PROMPT, "parameters": {"seed": 0}}, "seed",
+                 id="infer-seed-0"),
 ])
 def test_invalid_requests_get_mindies_error_body(gateway, client_files, greedy, path, body,
                                                  field) -> None:

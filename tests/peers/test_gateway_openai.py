@@ -159,6 +159,32 @@ def test_n_2_with_a_seed_gives_two_reproducible_choices(client) -> None:
     assert [c.message.content for c in again.choices] == [c.message.content for c in first.choices]
 
 
+@pytest.mark.parametrize("seed", [0, -5])
+def test_any_int64_seed_but_minus_1_reproduces_its_sample(client, seed: int) -> None:
+    """vLLM's seed is an int64: 0 (a common client default) and negative seeds are seeds."""
+    def complete() -> str:
+        return client.completions.create(model=MODEL, prompt=FRANCE, max_tokens=4,
+                                         temperature=1.0, seed=seed).choices[0].text
+
+    def chat() -> str:
+        return client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=4,
+                                              temperature=1.0, seed=seed
+                                              ).choices[0].message.content
+
+    first = complete()
+    assert first and complete() == first
+    first = chat()
+    assert first and chat() == first
+
+
+def test_chat_seed_minus_1_is_a_random_seed_as_vllms(client) -> None:
+    story = [{"role": "user", "content": "Tell me a story."}]
+    answers = {client.chat.completions.create(model=MODEL, messages=story, max_tokens=8,
+                                              temperature=1.5, seed=-1).choices[0].message.content
+               for _ in range(5)}
+    assert len(answers) > 1
+
+
 def test_chat_logprobs_are_per_token_and_spell_the_content(client) -> None:
     reply = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0,
                                            max_tokens=6, logprobs=True, top_logprobs=2)

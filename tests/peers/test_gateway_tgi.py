@@ -137,6 +137,24 @@ def test_chat_completion_through_tgis_client(tgi) -> None:
     assert reply.model == MODEL
 
 
+def test_seed_0_reproduces_its_sample_and_is_reported_back(tgi) -> None:
+    """TGI's seed is a u64: 0 (a common client default) is a seed, sent back in details."""
+    def sample():
+        return tgi.text_generation(PROMPT, max_new_tokens=4, do_sample=True, temperature=1.0,
+                                   seed=0, details=True)
+
+    first, again = sample(), sample()
+    assert first.generated_text and again.generated_text == first.generated_text
+    assert first.details.seed == again.details.seed == 0
+
+    def chat() -> str:
+        return tgi.chat_completion([{"role": "user", "content": "What is the capital of France?"}],
+                                   max_tokens=4, temperature=1.0, seed=0).choices[0].message.content
+
+    first_answer = chat()
+    assert first_answer and chat() == first_answer
+
+
 # 2. curl with MindIE's TGI examples ----------------------------------------------------------
 
 def assert_token(token: dict) -> None:
@@ -256,6 +274,21 @@ def test_vllm_generate_n_2(gateway, client_files) -> None:
     assert status == 200, reply
     assert set(reply) == {"text"} and len(reply["text"]) == 2
     assert all(text.startswith(PROMPT) and len(text) > len(PROMPT) for text in reply["text"])
+
+
+@pytest.mark.parametrize("seed", [0, -5])
+def test_vllm_generate_seeds_0_and_below_reproduce_their_sample(gateway, client_files,
+                                                                seed: int) -> None:
+    """vLLM's seed is an int64."""
+    def sample() -> list[str]:
+        status, reply = request(gateway.url("business"), client_files, "/generate",
+                                {"prompt": PROMPT, "max_tokens": 4, "temperature": 1.0,
+                                 "seed": seed})
+        assert status == 200, reply
+        return reply["text"]
+
+    first = sample()
+    assert len(first) == 1 and sample() == first
 
 
 def test_vllm_generate_streams_nul_delimited_cumulative_texts(gateway, client_files,

@@ -78,6 +78,19 @@ def test_best_of_returns_the_n_most_likely_of_its_sequences_ranked() -> None:
     run_with_engine(scenario, make_core(SkewedRunner()))
 
 
+@pytest.mark.parametrize(("seed", "seeds"), [(0, [0, 1, 2]), (2**64 - 1, [2**64 - 1, 0, 1])])
+def test_sequence_seeds_count_on_from_the_requests_within_the_uint64_range(seed: int,
+                                                                          seeds: list[int]) -> None:
+    """Seed 0 is a seed (TGI's u64): sequence 0 keeps it, and is the plain request."""
+    async def scenario(engine: AsyncEngine) -> None:
+        sequences = by_index(await collect(engine.generate(request("many", n=3, seed=seed))))
+        assert [sequences[index][-1].seed for index in range(3)] == seeds
+        [plain] = by_index(await collect(engine.generate(request("one", seed=seed)))).values()
+        assert plain[-1].seed == seed and text(plain) == text(sequences[0])
+
+    run_with_engine(scenario, make_core(SkewedRunner()))
+
+
 def test_leaving_an_n_request_early_aborts_all_its_sequences() -> None:
     async def scenario(engine: AsyncEngine) -> None:
         stream = engine.generate(request("many", n=3, max_new_tokens=1000))

@@ -158,6 +158,39 @@ def test_generate_request_with_text_and_parameters() -> None:
     assert deadline_s == 600.0
 
 
+# --- seeds: TGI's u64, vLLM's and OpenAI's int64 (-1: random) -----------------------------------
+
+INT64_MIN, INT64_MAX, UINT64_MAX = -2**63, 2**63 - 1, 2**64 - 1
+
+
+@pytest.mark.parametrize(("seed", "sent"), [(-2, UINT64_MAX - 1), (INT64_MIN, 2**63)])
+def test_openai_and_vllm_negative_seeds_are_sent_as_their_twos_complement(seed: int,
+                                                                          sent: int) -> None:
+    """A negative seed is a seed of its own: seed + 2^64, which no int64 >= 0 is sent as."""
+    assert chat_params(seed=seed)["seed"] == sent
+    [call], _ = completion(seed=seed)
+    assert params(call.request)["seed"] == sent
+    request, *_ = vllm.generate_request_to_pb({"prompt": "Hi", "seed": seed})
+    assert params(request)["seed"] == sent
+
+
+def test_openai_and_vllm_seed_minus_1_is_random_as_vllms() -> None:
+    assert "seed" not in chat_params(seed=-1)
+    [call], _ = completion(seed=-1)
+    assert "seed" not in params(call.request)
+    request, *_ = vllm.generate_request_to_pb({"prompt": "Hi", "seed": -1})
+    assert "seed" not in params(request)
+
+
+@pytest.mark.parametrize("seed", [INT64_MAX + 1, UINT64_MAX, INT64_MIN - 1])
+def test_openai_and_vllm_seeds_outside_int64_are_refused_naming_seed(seed: int) -> None:
+    for error in (refused(chat, seed=seed), refused(completion, seed=seed),
+                  refused(vllm.generate_request_to_pb, {"prompt": "Hi", "seed": seed})):
+        assert error.field == "seed"
+        assert error.message == (f"seed: must be an integer in [{INT64_MIN}, {INT64_MAX}] "
+                                 f"(-1: random); got {seed}")
+
+
 @pytest.mark.parametrize("stop", ["END", "[1, 2]"], ids=["plain", "looks-like-json"])
 def test_generate_request_sends_one_stop_string_as_a_list(stop: str) -> None:
     request, _ = generate_request("", "x", {"stop": stop})

@@ -43,6 +43,9 @@ def test_infer_token_request_carries_token_ids() -> None:
     # test_translator_properties: it was reported as `inputs`).
     ({"inputs": "x", "parameters": {"prompt": -2**63 - 1}}, False, "prompt"),
     ({"input_id": [5], "parameters": {"prompt": "y"}}, True, "prompt"),
+    # MindIE's seeds are (0, 2^64 - 1]; switchboard.v1's take 0 (TGI's u64).
+    ({"inputs": "x", "parameters": {"seed": 0}}, False, "seed"),
+    ({"input_id": [5], "parameters": {"seed": 0}}, True, "seed"),
 ])
 def test_bad_requests_are_refused_naming_the_field(body: dict, tokens: bool, field: str) -> None:
     with pytest.raises(RequestError) as caught:

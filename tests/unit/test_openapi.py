@@ -110,7 +110,8 @@ def test_request_parameters_have_the_engines_ranges(name: str) -> None:
     assert name in validation.SUPPORTED_PARAMS
     schema = openapi.PARAMETERS[name]
     if name in validation.INT_RANGES:
-        interval = validation.INT_RANGES[name]
+        # These are MindIE's routes' and Triton's: MindIE's seeds.
+        interval = validation.MINDIE_SEED_RANGE if name == "seed" else validation.INT_RANGES[name]
         assert (schema["type"], schema["minimum"], schema["maximum"]) == (
             "integer", interval.low, interval.high)
     elif name in validation.FLOAT_RANGES:
@@ -138,7 +139,7 @@ def test_request_fields_are_those_the_translator_reads(schema: str, fields: froz
 def test_shared_ranges_are_the_engines() -> None:
     for schema, name in [(openapi.SEQUENCES, "n"), (openapi.SEQUENCES, "best_of"),
                          (openapi.TOP_LOGPROBS, "top_logprobs"),
-                         (openapi.TRUNCATE, "truncate")]:
+                         (openapi.TRUNCATE, "truncate"), (openapi.TGI_SEED, "seed")]:
         interval = validation.INT_RANGES[name]
         assert (schema["minimum"], schema["maximum"]) == (interval.low, interval.high), name
     assert openapi.STOP["oneOf"][1]["maxItems"] == validation.MAX_STOP_SEQUENCES

@@ -308,7 +308,10 @@ def test_mindie_refusals_name_the_field(case: tuple[dict[str, object], str]) -> 
 
 # --- 3. round trips -------------------------------------------------------------------------
 
-SEEDS = st.integers(0, UINT64_MAX)
+SEEDS = st.integers(0, UINT64_MAX)  # TGI's u64
+MINDIE_SEEDS = st.integers(1, UINT64_MAX)
+# vLLM's and OpenAI's int64 but -1 (random), sent as its two's complement.
+INT64_SEEDS = st.integers(-INT64_MAX - 1, INT64_MAX).filter(lambda seed: seed != -1)
 STOPS = st.lists(TEXT, max_size=4) | TEXT
 FINITE = st.floats(allow_nan=False, allow_infinity=False)
 
@@ -342,7 +345,7 @@ def test_tgi_parameters_round_trip(inputs: str, temperature: float, max_new_toke
 
 @ROUND_TRIP
 @given(inputs=TEXT, request_id=TEXT, temperature=FINITE, max_new_tokens=st.integers(1, 2**31 - 1),
-       seed=SEEDS, stop=STOPS, priority=st.integers(1, 5),
+       seed=MINDIE_SEEDS, stop=STOPS, priority=st.integers(1, 5),
        timeout=st.floats(0, 3600, exclude_min=True) | st.integers(1, 3600),
        stream=st.booleans(), details=st.booleans())
 def test_mindie_parameters_round_trip(inputs: str, request_id: str, temperature: float,
@@ -370,7 +373,7 @@ def test_mindie_token_ids_round_trip(ids: list[int]) -> None:
 @given(model=TEXT, messages=st.lists(st.fixed_dictionaries({"role": TEXT, "content": TEXT}),
                                      max_size=3),
        temperature=st.none() | st.just(0) | FINITE, max_tokens=st.none() | st.integers(1, 2**31),
-       seed=SEEDS, stop=STOPS, logprobs=st.booleans(), n=st.integers(1, 4))
+       seed=INT64_SEEDS, stop=STOPS, logprobs=st.booleans(), n=st.integers(1, 4))
 def test_openai_chat_round_trip(model: str, messages: list[dict[str, str]],
                                 temperature: float | None, max_tokens: int | None, seed: int,
                                 stop: list[str] | str, logprobs: bool, n: int) -> None:
@@ -382,7 +385,7 @@ def test_openai_chat_round_trip(model: str, messages: list[dict[str, str]],
     assert [{"role": m.role, "content": m.content} for m in call.request.messages.messages] \
         == messages
     expected = {"max_new_tokens": openai.UNLIMITED if max_tokens is None else max_tokens,
-                "seed": seed, "stop": _as_list(stop), "logprobs": logprobs, "n": n}
+                "seed": seed % 2**64, "stop": _as_list(stop), "logprobs": logprobs, "n": n}
     if temperature is None:
         expected["do_sample"] = True
     elif temperature == 0:
@@ -411,7 +414,7 @@ def test_openai_completion_prompts_round_trip(prompts: list[str | list[int]],
 
 @ROUND_TRIP
 @given(prompt=TEXT, temperature=st.just(0) | FINITE, top_k=st.integers(-1, 100),
-       max_tokens=st.none() | st.integers(1, 2**31), seed=SEEDS, stop=STOPS,
+       max_tokens=st.none() | st.integers(1, 2**31), seed=INT64_SEEDS, stop=STOPS,
        stream=st.booleans())
 def test_vllm_round_trip(prompt: str, temperature: float, top_k: int, max_tokens: int | None,
                          seed: int, stop: list[str] | str, stream: bool) -> None:
@@ -419,7 +422,8 @@ def test_vllm_round_trip(prompt: str, temperature: float, top_k: int, max_tokens
         {"prompt": prompt, "temperature": temperature, "top_k": top_k, "max_tokens": max_tokens,
          "seed": seed, "stop": stop, "stream": stream})
     assert (request.text, echoed, streamed) == (prompt, prompt, stream)
-    expected = {"top_k": 0 if top_k == -1 else top_k, "seed": seed, "stop": _as_list(stop),
+    expected = {"top_k": 0 if top_k == -1 else top_k, "seed": seed % 2**64,
+                "stop": _as_list(stop),
                 "max_new_tokens": vllm.DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
                 "do_sample": temperature != 0}
     if temperature != 0:

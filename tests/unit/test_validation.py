@@ -9,7 +9,7 @@ import pytest
 from engine.config import EngineLimits
 from engine.errors import InvalidRequest, PromptTooLong
 from engine.params import GenerationRequest
-from engine.validation import build_request
+from engine.validation import MINDIE_SEED_RANGE, build_request
 
 LIMITS = EngineLimits(vocab_size=100, max_seq_len=64, max_input_len=63, max_iter_times=32)
 PROMPT = (1, 2, 3)
@@ -49,6 +49,20 @@ def test_absent_seed_is_drawn_in_range_and_differs_between_requests() -> None:
     assert first != second
 
 
+def test_seed_0_is_a_seed_like_any_other() -> None:
+    """The engine's seeds are TGI's u64: 0 is kept (not read as "absent" and drawn)."""
+    assert [build({"seed": 0}).sampling.seed for _ in range(3)] == [0, 0, 0]
+
+
+@pytest.mark.parametrize("seed", [0, -1, UINT64_MAX + 1])
+def test_mindies_seed_range_refuses_0(seed: int) -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        build_request("req-1", PROMPT, {"seed": seed}, LIMITS, seed_range=MINDIE_SEED_RANGE)
+    assert caught.value.message == f"seed: must be in [1, {UINT64_MAX}]; got {seed}"
+    assert build_request("req-1", PROMPT, {"seed": 1}, LIMITS,
+                         seed_range=MINDIE_SEED_RANGE).sampling.seed == 1
+
+
 @pytest.mark.parametrize(("name", "value", "attribute", "expected"), [
     ("temperature", 1e-6, "temperature", 1e-6),
     ("temperature", 100.0, "temperature", 100.0),
@@ -62,7 +76,7 @@ def test_absent_seed_is_drawn_in_range_and_differs_between_requests() -> None:
     ("min_p", 1, "min_p", 1.0),
     ("repetition_penalty", 1e-6, "repetition_penalty", 1e-6),
     ("repetition_penalty", 10.0, "repetition_penalty", 10.0),
-    ("seed", 1, "seed", 1),
+    ("seed", 0, "seed", 0),
     ("seed", UINT64_MAX, "seed", UINT64_MAX),
     ("max_new_tokens", 1, "max_new_tokens", 1),
     ("priority", 1, "priority", 1),
@@ -91,7 +105,7 @@ def test_range_edges_are_accepted(name: str, value: object, attribute: str,
     ("min_p", 1.5),
     ("repetition_penalty", 0.0),
     ("repetition_penalty", -0.5),
-    ("seed", 0),
+    ("seed", -1),
     ("seed", UINT64_MAX + 1),
     ("max_new_tokens", 0),
     ("max_new_tokens", INT32_MAX + 1),
