@@ -540,7 +540,7 @@ OPERATIONS: dict[str, dict[str, Operation]] = {
                           ref("TgiRequest"))},
     "tgi_vllm_generate": {"post": Operation(
         "TGI's generate (a body with `inputs`) or vLLM's demo server's (a body with `prompt`; "
-        "streamed, JSON objects each followed by a NUL byte)",
+        "streamed, JSON objects each followed by a newline)",
         {"application/json": {"schema": {"oneOf": [ref("TgiResponse"),
                                                    ref("VllmResponse")]}},
          "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},

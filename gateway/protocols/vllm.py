@@ -2,7 +2,8 @@
 
 POST /generate with `{"prompt", "stream", ...sampling parameters}` answers
 `{"text": [prompt + completion, one per sequence]}`; streamed, the same object with the
-texts so far, each followed by a NUL byte, as vLLM sends it.
+texts so far, each followed by a newline (JSON lines), as vLLM's api_server.py sends them
+(older vLLM used a NUL byte).
 
 And vLLM's tokenizer routes (those of its OpenAI server): POST /tokenize with `prompt` (a text;
 `add_special_tokens`, default true) or `messages` (OpenAI's, rendered with the chat template,
@@ -29,8 +30,8 @@ from gateway.protocols.tgi import HTTP_STATUS as TGI_HTTP_STATUS
 from proto import switchboard_pb2 as sb
 
 DEFAULT_MAX_TOKENS = 16  # vLLM's SamplingParams default
-DELIMITER = b"\0"
-# JSON objects each followed by a NUL byte is no JSON document: vLLM's demo server sends no
+DELIMITER = b"\n"
+# JSON objects each followed by a newline are not one JSON document: vLLM's demo server sends no
 # content type for it; this says "bytes" rather than claiming JSON.
 STREAM_CONTENT_TYPE = "application/octet-stream"
 NAMES = {"max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens",

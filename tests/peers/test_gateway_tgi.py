@@ -291,13 +291,13 @@ def test_vllm_generate_seeds_0_and_below_reproduce_their_sample(gateway, client_
     assert len(first) == 1 and sample() == first
 
 
-def test_vllm_generate_streams_nul_delimited_cumulative_texts(gateway, client_files,
+def test_vllm_generate_streams_newline_delimited_cumulative_texts(gateway, client_files,
                                                               vllm_greedy) -> None:
     reply = curl_with(client_files, business(gateway, "/generate"), stream=True,
                       body={"prompt": PROMPT, "max_tokens": 6, "temperature": 0, "stream": True})
     assert (reply.exit_code, reply.status) == (0, 200), reply.body
-    assert reply.body.endswith(b"\0")
-    documents = [json.loads(part) for part in reply.body.split(b"\0")[:-1]]
+    assert reply.body.endswith(b"\n")
+    documents = [json.loads(line) for line in reply.body.splitlines()]
     assert len(documents) >= 2
     assert all(set(document) == {"text"} and len(document["text"]) == 1 for document in documents)
     texts = [document["text"][0] for document in documents]

@@ -201,13 +201,13 @@ def test_a_huge_timeout_is_refused(gateway, client_files, path: str, body: dict,
 
 
 def test_a_vllm_stream_is_not_labelled_json(gateway, client_files) -> None:
-    """NUL-delimited JSON objects are bytes, not one JSON document."""
+    """Newline-delimited JSON objects are not one JSON document."""
     response = requests.post(gateway.url("business") + "/generate",
                              json={"prompt": "Hi", "stream": True, "max_tokens": 2},
                              **mutual_tls(client_files))
     assert response.status_code == 200, response.text
     assert response.headers["Content-Type"] == "application/octet-stream"
-    assert all("text" in json.loads(part) for part in response.content.split(b"\0") if part)
+    assert all("text" in json.loads(part) for part in response.content.split(b"\n") if part)
 
 
 @pytest.mark.parametrize(("method", "path", "allowed"), [

@@ -1046,14 +1046,14 @@ def test_vllm_texts_prefix_the_prompt_in_sequence_order() -> None:
 def test_vllm_stream_line_ends_with_nul() -> None:
     generation = generation_of(response(0, " thé"))
     line = vllm.stream_line(generation, "Hi")
-    assert line.endswith(b"\0") and line.count(b"\0") == 1
+    assert line.endswith(b"\n") and line.count(b"\n") == 1
     assert "thé".encode() in line  # UTF-8, not \u escapes
     assert json.loads(line[:-1]) == {"text": ["Hi thé"]}
 
 
 def test_vllm_stream_error() -> None:
     line = vllm.stream_error({"error": "prompt: too long"})
-    assert line == b'{"error": "prompt: too long"}\0'
+    assert line == b'{"error": "prompt: too long"}\n'
 
 
 # --- TGI's and vLLM's /tokenize, vLLM's /detokenize --------------------------------------------
