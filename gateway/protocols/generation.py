@@ -141,6 +141,10 @@ class SequenceResult:
     index: int
     text: list[str] = field(default_factory=list)
     tokens: list[sb.Token] = field(default_factory=list)
+    # Each token's share of the text, joining into generated_text: a response's text goes
+    # with its first token ("" with the others: a token that ends mid-character has none),
+    # that of a response without tokens with the last token before it.
+    token_texts: list[str] = field(default_factory=list)
     finish_reason: str = ""
     generated_tokens: int = 0
     seed: int = 0
@@ -156,6 +160,10 @@ class SequenceResult:
     def add(self, response: sb.GenerateResponse) -> None:
         self.text.append(response.text)
         self.tokens.extend(response.tokens)
+        if response.tokens:
+            self.token_texts.extend([response.text] + [""] * (len(response.tokens) - 1))
+        elif self.token_texts:
+            self.token_texts[-1] += response.text
         self.finish_reason = response.finish_reason
         self.generated_tokens = response.generated_tokens
         self.seed = response.seed

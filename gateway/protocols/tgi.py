@@ -8,6 +8,13 @@ with the whole text and the details. Token log-probabilities are always asked fo
 replies carry them. best_of > 1 generates best_of sequences and answers with the most likely
 (highest cumulative log-probability), the others in `best_of_sequences`.
 
+A generated token's text is what it adds to the generated text, as TGI's decode_token gives
+it: "" for a token that ends mid-character, the whole character with the token that completes
+it, so that the tokens' texts join into the generated text (the server's text, not each token
+decoded alone, which is U+FFFD for part of a character); a special token's text is its own, as
+TGI's (the generated text leaves it out). The prompt's tokens (`prefill`) and the alternatives
+(`top_tokens`) are each token decoded alone, as TGI's.
+
 POST /tokenize answers `[{"id", "text", "start", "stop"}]`: each token with the characters of
 `inputs` it comes from (offsets in code points; a character split into several tokens is each
 one's text). POST /chat_tokenize takes a chat request (/v1/chat/completions' body) and answers
@@ -131,6 +138,8 @@ def generate_request_to_pb(document: object, stream: bool | None
     if stream and options.prompt_details:
         raise bad_request("decoder_input_details", "`decoder_input_details` == true is not "
                           "supported when streaming tokens")
+    if options.best_of > 1 and parameters.get("seed") is not None:
+        raise bad_request("seed", "`seed` must not be set when `best_of` > 1")
     values = renamed({name: parameters.get(name) for name in GENERATION_PARAMETERS}, NAMES)
     # best_of travels as n: every sequence comes back, and the best is chosen here. TGI's
     # generated text keeps the stop sequence that ended it.
@@ -150,10 +159,17 @@ def _count(parameters: Mapping[str, object], name: str, default: int) -> int:
     return value
 
 
-def token_json(token: sb.Token) -> dict[str, object]:
-    return {"id": token.id, "text": token.text,
+def token_json(token: sb.Token, text: str | None = None) -> dict[str, object]:
+    """A token; `text`: a generated token's share of the text (None: the token's own)."""
+    return {"id": token.id, "text": token.text if text is None else _share(token, text),
             "logprob": token.logprob if token.HasField("logprob") else None,
             "special": token.special}
+
+
+def _share(token: sb.Token, text: str) -> str:
+    """A generated token's text from its share of the text: a special token's own text follows
+    it (the server's text leaves special tokens out; TGI's token texts keep them)."""
+    return text + token.text if token.special else text
 
 
 def reply(generation: Generation, options: TgiOptions) -> dict[str, object]:
@@ -180,7 +196,8 @@ def _details(sequence: SequenceResult, generation: Generation, options: TgiOptio
         "prefill": [{"id": t.id, "text": t.text,
                      "logprob": t.logprob if t.HasField("logprob") else None}
                     for t in generation.prompt],
-        "tokens": [token_json(token) for token in sequence.tokens],
+        "tokens": [token_json(token, text)
+                   for token, text in zip(sequence.tokens, sequence.token_texts)],
     }
     if options.top_n_tokens:
         details["top_tokens"] = [[token_json(top) for top in token.top]
@@ -199,7 +216,7 @@ def stream_event(response: sb.GenerateResponse, generation: Generation, options:
     sequence = generation.sequences[response.index]
     event: dict[str, object] = {
         "index": len(sequence.tokens),  # TGI counts a stream's events from 1
-        "token": token_json(response.tokens[0]) if response.tokens else None,
+        "token": token_json(response.tokens[0], response.text) if response.tokens else None,
         "generated_text": None,
         "details": None,
     }

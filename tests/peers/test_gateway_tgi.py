@@ -89,6 +89,26 @@ def test_streamed_text_without_details(tgi, greedy_details) -> None:
     assert "".join(pieces) == greedy_details.generated_text
 
 
+def test_token_texts_spell_characters_split_across_tokens(tgi) -> None:
+    """As TGI's decode_token: a token that ends mid-character has the text "", the one that
+    completes it the whole character, so the texts join into the generated text, streamed or
+    in details (SmolLM2 spells most Chinese characters with two or three byte tokens)."""
+    prompt = "北京是中国的首都，"
+    events = list(tgi.text_generation(prompt, max_new_tokens=12, details=True, stream=True))
+    texts = [event.token.text for event in events if not event.token.special]
+    final = events[-1].generated_text
+    assert any(ord(character) > 0x2E80 for character in final)  # CJK, not only ASCII
+    assert "\ufffd" not in "".join(texts)
+    assert "".join(texts) == final
+    assert "".join(tgi.text_generation(prompt, max_new_tokens=12, stream=True)) == final
+    reply = tgi.text_generation(prompt, max_new_tokens=12, details=True)
+    assert reply.generated_text == final
+    assert [t.id for t in reply.details.tokens] == [event.token.id for event in events]
+    tokens = [t.text for t in reply.details.tokens if not t.special]
+    assert "\ufffd" not in "".join(tokens) and "".join(tokens) == final
+    assert len(events) > len(final)  # some character took several tokens
+
+
 def test_decoder_input_details_gives_the_prompt_tokens(tgi) -> None:
     reply = tgi.text_generation(PROMPT, max_new_tokens=2, details=True,
                                 decoder_input_details=True)
@@ -334,6 +354,9 @@ def assert_still_serving(gateway, client_files) -> None:
     pytest.param("/generate_stream", {"inputs": PROMPT, "parameters": {
         "max_new_tokens": 2, "best_of": 2, "do_sample": True}}, "best_of",
         id="generate_stream-best_of-2"),
+    pytest.param("/generate", {"inputs": PROMPT, "parameters": {
+        "max_new_tokens": 2, "best_of": 2, "do_sample": True, "seed": 3}}, "seed",
+        id="generate-best_of-2-with-seed"),
     pytest.param("/generate", {"prompt": PROMPT, "max_tokens": 2, "temperature": -1},
                  "temperature", id="vllm-negative-temperature"),
     pytest.param("/generate", {"prompt": PROMPT, "max_tokens": -1}, "max_tokens",

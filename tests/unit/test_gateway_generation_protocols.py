@@ -497,6 +497,73 @@ def test_tgi_stream_event_index_counts_the_tokens() -> None:
     assert indexes == [1, 2]
 
 
+def split_character_responses() -> list[sb.GenerateResponse]:
+    """"是一家" where "家" spans two byte tokens: each token decoded alone is U+FFFD, and the
+    server's text comes whole with the token that completes the character."""
+    return [response(0, "是", [token(10, "是", -0.5)], seed=9),
+            response(0, "一", [token(11, "一", -0.5)], generated=2, seed=9),
+            response(0, "", [token(12, "\ufffd", -0.25)], generated=3, seed=9),
+            response(0, "家", [token(13, "\ufffd", -0.125)], generated=4, seed=9),
+            response(0, "", [token(2, "</s>", -0.5, special=True)], finish="eos_token",
+                     generated=5, seed=9)]
+
+
+def test_tgi_stream_token_texts_join_into_the_generated_text_across_a_split_character() -> None:
+    """As TGI's decode_token: a token that ends mid-character has the text "", the one that
+    completes it the whole character; a special token keeps its own text."""
+    _, options = tgi_request({"details": True}, True)
+    generation = Generation()
+    events = []
+    for item in split_character_responses():
+        generation.add(item)
+        events.append(tgi.stream_event(item, generation, options))
+    texts = [event["token"]["text"] for event in events]
+    assert texts == ["是", "一", "", "家", "</s>"]
+    assert "".join(texts[:-1]) == events[-1]["generated_text"] == "是一家"
+    assert [(e["token"]["id"], e["token"]["logprob"], e["token"]["special"]) for e in events] \
+        == [(10, -0.5, False), (11, -0.5, False), (12, -0.25, False), (13, -0.125, False),
+            (2, -0.5, True)]
+
+
+def test_tgi_reply_token_texts_join_into_the_generated_text_across_a_split_character() -> None:
+    _, options = tgi_request({"best_of": 2, "do_sample": True, "details": True,
+                              "top_n_tokens": 1})
+    other = response(1, "x", [token(20, "x", -9.0, top=[token(12, "\ufffd", -0.5)])],
+                     finish="length", seed=10)
+    reply = tgi.reply(generation_of(*split_character_responses(), other), options)
+    details = reply["details"]
+    texts = [t["text"] for t in details["tokens"]]
+    assert texts == ["是", "一", "", "家", "</s>"]
+    assert "".join(texts[:-1]) == reply["generated_text"] == "是一家"
+    assert [t["id"] for t in details["tokens"]] == [10, 11, 12, 13, 2]
+    assert [t["special"] for t in details["tokens"]] == [False] * 4 + [True]
+    # The other sequences' tokens too; the alternatives stay each token decoded alone.
+    [best_of] = details["best_of_sequences"]
+    assert [t["text"] for t in best_of["tokens"]] == ["x"]
+    assert details["top_tokens"] == [[]] * 5
+    assert tgi.reply(generation_of(other), options)["details"]["top_tokens"] == \
+        [[{"id": 12, "text": "\ufffd", "logprob": -0.5, "special": False}]]
+
+
+def test_tgi_reply_text_of_a_response_without_tokens_joins_the_last_tokens() -> None:
+    """A request stopped early ends with a response that has text but no token."""
+    _, options = tgi_request({"details": True})
+    reply = tgi.reply(generation_of(response(0, "", [token(12, "\ufffd", -0.25)]),
+                                    response(0, "家", [token(13, "\ufffd", -0.125)], generated=2),
+                                    response(0, "!", [], finish="stopped", generated=2)), options)
+    assert [t["text"] for t in reply["details"]["tokens"]] == ["", "家!"]
+    assert reply["generated_text"] == "家!"
+
+
+def test_tgi_best_of_with_a_seed_is_refused_naming_seed() -> None:
+    """TGI: "`seed` must not be set when `best_of` > 1" (a validation error)."""
+    error = refused(tgi_request, {"best_of": 2, "do_sample": True, "seed": 3})
+    assert error.field == "seed"
+    assert error.message == "seed: `seed` must not be set when `best_of` > 1"
+    request, _ = tgi_request({"best_of": 1, "seed": 3})
+    assert params(request)["seed"] == 3
+
+
 @pytest.mark.parametrize("status, error_type", [
     (400, "validation"), (413, "validation"), (422, "validation"), (429, "overloaded"),
     (424, "generation"), (503, "healthcheck"), (504, "timeout"), (404, "not_found"),

@@ -328,14 +328,15 @@ def test_tgi_parameters_round_trip(inputs: str, temperature: float, max_new_toke
                                    seed: int, stop: list[str] | str, best_of: int,
                                    top_n_tokens: int, details: bool,
                                    return_full_text: bool) -> None:
-    parameters = {"temperature": temperature, "max_new_tokens": max_new_tokens, "seed": seed,
+    seeded = {"seed": seed} if best_of == 1 else {}  # TGI: no seed with best_of > 1
+    parameters = {"temperature": temperature, "max_new_tokens": max_new_tokens, **seeded,
                   "stop": stop, "best_of": best_of, "top_n_tokens": top_n_tokens,
                   "details": details, "return_full_text": return_full_text}
     request, options = tgi.generate_request_to_pb({"inputs": inputs, "parameters": parameters},
                                                   False)
     assert request.text == inputs
     assert decoded(request) == {"temperature": temperature, "max_new_tokens": max_new_tokens,
-                                "seed": seed, "stop": _as_list(stop), "n": best_of,
+                                **seeded, "stop": _as_list(stop), "n": best_of,
                                 "top_logprobs": top_n_tokens, "logprobs": True,
                                 "include_stop_str_in_output": True}
     assert (options.best_of, options.top_n_tokens, options.details,
