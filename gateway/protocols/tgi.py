@@ -139,7 +139,9 @@ def generate_request_to_pb(document: object, stream: bool | None
         raise bad_request("decoder_input_details", "`decoder_input_details` == true is not "
                           "supported when streaming tokens")
     if options.best_of > 1 and parameters.get("seed") is not None:
-        raise bad_request("seed", "`seed` must not be set when `best_of` > 1")
+        # Named by best_of: the seed is fine alone, best_of > 1 is what excludes it.
+        raise bad_request("best_of", "must be 1 when a seed is set (TGI: `seed` must not be set "
+                          "when `best_of` > 1)")
     values = renamed({name: parameters.get(name) for name in GENERATION_PARAMETERS}, NAMES)
     # best_of travels as n: every sequence comes back, and the best is chosen here. TGI's
     # generated text keeps the stop sequence that ended it.

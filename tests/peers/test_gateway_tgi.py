@@ -355,7 +355,7 @@ def assert_still_serving(gateway, client_files) -> None:
         "max_new_tokens": 2, "best_of": 2, "do_sample": True}}, "best_of",
         id="generate_stream-best_of-2"),
     pytest.param("/generate", {"inputs": PROMPT, "parameters": {
-        "max_new_tokens": 2, "best_of": 2, "do_sample": True, "seed": 3}}, "seed",
+        "max_new_tokens": 2, "best_of": 2, "do_sample": True, "seed": 3}}, "best_of",
         id="generate-best_of-2-with-seed"),
     pytest.param("/generate", {"prompt": PROMPT, "max_tokens": 2, "temperature": -1},
                  "temperature", id="vllm-negative-temperature"),

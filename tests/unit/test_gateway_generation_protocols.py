@@ -12,7 +12,7 @@ from gateway.errors import RequestError
 from gateway.protocols import openai, tgi, vllm
 from gateway.protocols.generation import (Generation, field_in_protocol, generate_request,
                                           renamed)
-from gateway.protocols.parameters import parameter_value
+from gateway.protocols.parameters import UPSTREAM_GRACE_S, parameter_value
 from proto import switchboard_pb2 as sb
 
 USER = {"role": "user", "content": "Hi"}
@@ -155,7 +155,7 @@ def test_generate_request_with_text_and_parameters() -> None:
     assert json.loads(request.parameters["stop"].string_param) == ["\n", "END"]
     assert json.loads(request.parameters["stop_token_ids"].string_param) == [2, 3]
     assert "skipped" not in request.parameters
-    assert deadline_s == 600.0
+    assert deadline_s == 600.0 + UPSTREAM_GRACE_S
 
 
 # --- seeds: TGI's u64, vLLM's and OpenAI's int64 (-1: random) -----------------------------------
@@ -222,7 +222,7 @@ def test_generate_request_converts_priority_and_timeout() -> None:
     request, deadline_s = generate_request("", "x", {"priority": 2, "timeout": 1.5})
     assert request.parameters["priority"].uint64_param == 2
     assert request.parameters["timeout"].int64_param == 1_500_000  # microseconds
-    assert deadline_s == 1.5
+    assert deadline_s == 1.5 + UPSTREAM_GRACE_S
 
 
 @pytest.mark.parametrize("name, value", [("priority", 0), ("priority", 6), ("priority", True),
@@ -283,7 +283,7 @@ def test_tgi_request_translates_parameters() -> None:
     assert options.details and options.prompt_details and options.return_full_text
     assert (options.top_n_tokens, options.best_of, options.inputs, options.stream) == \
         (2, 1, "Hello", False)
-    assert options.deadline_s == 600.0
+    assert options.deadline_s == 600.0 + UPSTREAM_GRACE_S
 
 
 def test_tgi_request_without_parameters_samples() -> None:
@@ -555,11 +555,12 @@ def test_tgi_reply_text_of_a_response_without_tokens_joins_the_last_tokens() -> 
     assert reply["generated_text"] == "家!"
 
 
-def test_tgi_best_of_with_a_seed_is_refused_naming_seed() -> None:
+def test_tgi_best_of_with_a_seed_is_refused_naming_best_of() -> None:
     """TGI: "`seed` must not be set when `best_of` > 1" (a validation error)."""
     error = refused(tgi_request, {"best_of": 2, "do_sample": True, "seed": 3})
-    assert error.field == "seed"
-    assert error.message == "seed: `seed` must not be set when `best_of` > 1"
+    assert error.field == "best_of"
+    assert error.message == ("best_of: must be 1 when a seed is set (TGI: `seed` must not be "
+                             "set when `best_of` > 1)")
     request, _ = tgi_request({"best_of": 1, "seed": 3})
     assert params(request)["seed"] == 3
 
@@ -1074,7 +1075,7 @@ def test_vllm_request_translates_parameters() -> None:
         "temperature": 0.8, "top_k": -1, "top_p": 0.9, "stop": ["x"], "ignore_eos": True,
         "stop_token_ids": [2], "seed": 4, "best_of": 3, "presence_penalty": 0.1, "min_p": 0.1})
     assert request.text == "Hi" and request.model_name == ""
-    assert (prompt, stream, deadline_s) == ("Hi", True, 600.0)
+    assert (prompt, stream, deadline_s) == ("Hi", True, 600.0 + UPSTREAM_GRACE_S)
     assert params(request) == {"n": 2, "max_new_tokens": 8, "min_new_tokens": 1,
                                "temperature": 0.8, "do_sample": True, "top_k": 0, "top_p": 0.9,
                                "stop": '["x"]', "ignore_eos": True, "stop_token_ids": "[2]",
