@@ -18,6 +18,10 @@ DEFAULT_TIMEOUT_S = 600.0
 MAX_DEADLINE_S = 3600.0  # the longest timeout the server accepts
 MICROSECONDS = 1_000_000
 PRIORITY_RANGE = range(1, 6)
+# The server ends a request at its timeout with an error naming it; the call's deadline, a
+# backstop for a server that never answers, comes this much later so that this error, not
+# grpc's "Deadline Exceeded", is what the client reads.
+UPSTREAM_GRACE_S = 2.0
 
 
 def to_parameter(name: str, value: object) -> pb.InferParameter:
@@ -41,8 +45,8 @@ def to_parameter(name: str, value: object) -> pb.InferParameter:
 
 def set_parameters(target: Mapping[str, pb.InferParameter], values: Mapping[str, object]) -> float:
     """Copy `values` (null ones are absent) into a request's parameter map, MindIE's
-    `priority` (1–5) and `timeout` (seconds) converted; returns the timeout in seconds, the
-    call's deadline."""
+    `priority` (1–5) and `timeout` (seconds) converted; returns the call's deadline in
+    seconds: the timeout and UPSTREAM_GRACE_S."""
     timeout_s = DEFAULT_TIMEOUT_S
     for name, value in values.items():
         if value is None:
@@ -64,7 +68,7 @@ def set_parameters(target: Mapping[str, pb.InferParameter], values: Mapping[str,
             target[name].int64_param = min(round(capped * MICROSECONDS), INT64_MAX)
         else:
             target[name].CopyFrom(to_parameter(name, value))
-    return timeout_s
+    return timeout_s + UPSTREAM_GRACE_S
 
 
 def parameter_value(parameter: pb.InferParameter) -> object:

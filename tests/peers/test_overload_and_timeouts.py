@@ -73,6 +73,8 @@ def test_a_request_past_its_timeout_gets_504_and_frees_its_slot(single_slot,
         "inputs": "Write a long story.",
         "parameters": {"max_new_tokens": 500, "ignore_eos": True, "timeout": 1}})
     assert reply.status == 504, reply.body
+    # The server's own error, not grpc's "Deadline Exceeded" from the gateway's call.
+    assert reply.json()["error"].startswith("request timed out"), reply.body
     assert reply.json()["error_type"]
     slots, _ = poll(lambda: slot_count(gateway, client_files),
                     lambda slots: slots["free_slots"] == 1, FREED_WITHIN_S)

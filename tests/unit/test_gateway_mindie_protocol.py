@@ -7,6 +7,7 @@ import pytest
 from gateway.errors import RequestError
 from gateway.protocols import mindie
 from gateway.protocols.generation import Generation
+from gateway.protocols.parameters import UPSTREAM_GRACE_S
 from proto import switchboard_pb2 as sb
 
 
@@ -22,7 +23,8 @@ def test_infer_request_carries_text_parameters_id_and_deadline() -> None:
         {"id": "a1", "inputs": "Hi", "stream": True,
          "parameters": {"max_new_tokens": 4, "details": True, "timeout": 10, "seed": None}},
         tokens=False)
-    assert (request.text, request.id, stream, details, deadline_s) == ("Hi", "a1", True, True, 10.0)
+    assert (request.text, request.id, stream, details) == ("Hi", "a1", True, True)
+    assert deadline_s == 10.0 + UPSTREAM_GRACE_S
     assert request.parameters["max_new_tokens"].int64_param == 4
     assert request.parameters["timeout"].int64_param == 10_000_000
     assert "seed" not in request.parameters

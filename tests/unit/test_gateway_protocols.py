@@ -12,7 +12,7 @@ import pytest
 
 from gateway.errors import KSERVE_HTTP_STATUS, RequestError, client_message, http_status
 from gateway.protocols import kserve, triton
-from gateway.protocols.parameters import set_parameters, to_parameter
+from gateway.protocols.parameters import UPSTREAM_GRACE_S, set_parameters, to_parameter
 from gateway.sse import sse_event
 from proto import grpc_service_pb2 as pb
 from proto import model_config_pb2 as mc
@@ -71,7 +71,7 @@ def test_tritonclient_binary_body_round_trips() -> None:
     assert [output.name for output in request.outputs] == ["output0"]
     # binary_data_output is the gateway's rendering option, not a model parameter.
     assert dict(request.parameters) == {"max_new_tokens": pb.InferParameter(int64_param=4)}
-    assert deadline_s == 600.0
+    assert deadline_s == 600.0 + UPSTREAM_GRACE_S
 
     response = server_response(("output0", "UINT32", [1, 2], np.array([7, 8], "<u4").tobytes()))
     response.parameters["finish_reason"].string_param = "length"
@@ -257,8 +257,8 @@ def test_set_parameters_converts_priority_and_timeout_and_skips_nulls() -> None:
     deadline_s = set_parameters(request.parameters, {"priority": 1, "timeout": 2.5, "top_k": None})
     assert dict(request.parameters) == {"priority": pb.InferParameter(uint64_param=1),
                                         "timeout": pb.InferParameter(int64_param=2_500_000)}
-    assert deadline_s == 2.5
-    assert set_parameters(pb.ModelInferRequest().parameters, {"seed": 1}) == 600.0
+    assert deadline_s == 2.5 + UPSTREAM_GRACE_S
+    assert set_parameters(pb.ModelInferRequest().parameters, {"seed": 1}) == 600.0 + UPSTREAM_GRACE_S
 
 
 @pytest.mark.parametrize(("name", "value"), [
@@ -284,7 +284,7 @@ def test_mindie_generate_example_translates_with_typed_parameters() -> None:
     (tensor,) = request.inputs
     assert (tensor.name, tensor.datatype, list(tensor.shape)) == ("text_input", "BYTES", [1])
     assert deserialize_bytes(request.raw_input_contents[0]) == [b"My name is Olivier and I"]
-    assert options == triton.GenerateOptions(details=True, perf_stat=True, deadline_s=10.0)
+    assert options == triton.GenerateOptions(details=True, perf_stat=True, deadline_s=10.0 + UPSTREAM_GRACE_S)
     P = pb.InferParameter
     assert dict(request.parameters) == {
         "details": P(bool_param=True), "do_sample": P(bool_param=True),
@@ -301,7 +301,7 @@ def test_generate_top_level_properties_are_parameters_the_object_wins() -> None:
         "text_input": "x", "seed": 2**63, "top_k": 3, "details": True, "parameters": {"top_k": 4}})
     assert request.parameters["seed"] == pb.InferParameter(uint64_param=2**63)
     assert request.parameters["top_k"].int64_param == 4
-    assert options == triton.GenerateOptions(details=True, perf_stat=False, deadline_s=600.0)
+    assert options == triton.GenerateOptions(details=True, perf_stat=False, deadline_s=600.0 + UPSTREAM_GRACE_S)
 
 
 @pytest.mark.parametrize(("document", "field"), [

@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from gateway.errors import RequestError
 from gateway.protocols import kserve, mindie, mindie_management, openai, tgi, triton, vllm
 from gateway.protocols.parameters import (INT64_MAX, MICROSECONDS, UINT32_MAX, UINT64_MAX,
-                                          parameter_value)
+                                          UPSTREAM_GRACE_S, parameter_value)
 from proto.tensor_bytes import deserialize_bytes
 
 PROPERTY = settings(max_examples=100, deadline=None, database=None)
@@ -358,7 +358,7 @@ def test_mindie_parameters_round_trip(inputs: str, request_id: str, temperature:
     request, streamed, detailed, deadline_s = mindie.infer_request_to_pb(
         {"id": request_id, "inputs": inputs, "stream": stream, "parameters": parameters}, False)
     assert (request.text, request.id, streamed, detailed) == (inputs, request_id, stream, details)
-    assert deadline_s == float(timeout)
+    assert deadline_s == timeout + UPSTREAM_GRACE_S
     assert decoded(request) == {**parameters, "stop": _as_list(stop),
                                 "timeout": round(timeout * MICROSECONDS)}
 
