@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import grpc
 
-from gateway.errors import RequestError, bad_request
+from gateway.errors import KSERVE_HTTP_STATUS, RequestError
 from gateway.handler import METADATA_TIMEOUT_S, Handler
 from gateway.protocols import kserve, triton
 from gateway.protocols.kserve import optional_string, require_object
@@ -122,11 +122,12 @@ class GenerateStreamHandler(GenerateHandler):
 
 
 class StopInferHandler(Handler):
+    # MindIE's stopInfer answers 422 for a missing or invalid id (a body that is not JSON: 400).
+    status_table = {**KSERVE_HTTP_STATUS, grpc.StatusCode.INVALID_ARGUMENT: 422}
+
     async def post(self, model: str, version: str | None = None) -> None:
         document = require_object(kserve.parse_json(self.body), "the body")
-        request_id = optional_string(document, "id")
-        if not request_id:
-            raise bad_request("id", "is required: the id of the request to stop")
+        request_id = optional_string(document, "id") or ""
         response = await self.track(self.upstream.management.StopInfer(
             sb.StopInferRequest(model_name=model, id=request_id), timeout=METADATA_TIMEOUT_S))
         self.write_json({"id": request_id, "num_stopped": response.num_stopped})

@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 
 import grpc
 
-from engine.errors import NotFound
+from engine.errors import InvalidRequest, NotFound
 from engine.validation import MAX_TIMEOUT_S, build_request
 from proto import switchboard_pb2 as sb
 from proto import switchboard_pb2_grpc as sb_grpc
@@ -36,8 +36,11 @@ class ManagementServicer(sb_grpc.ManagementServicer):
                         ) -> sb.StopInferResponse:
         self.served.check_model(request.model_name)
         engine = self.served.ready_engine()
+        if not request.id:
+            raise InvalidRequest("id", "is required: the id of the request to stop")
+        codec.check_client_id(request.id)
         request_ids = self.served.request_ids(request.id)
-        if not request.id or not request_ids:
+        if not request_ids:
             raise NotFound(f"no running request has id {request.id!r}")
         for request_id in request_ids:
             engine.stop(request_id)

@@ -191,6 +191,15 @@ def test_stop_infer_of_an_unknown_id_is_not_found(gateway, client_files) -> None
     assert isinstance(reply["error"], str)
 
 
+@pytest.mark.parametrize("body", [{}, {"id": ""}, {"id": "bad id"}, {"id": "x" * 257}],
+                         ids=["missing", "empty", "space", "too-long"])
+def test_stop_infer_of_an_invalid_id_is_422_naming_it(gateway, client_files, body) -> None:
+    """MindIE's stopInfer: ids match ^[a-zA-Z0-9_-]{1,256}$; 422 otherwise."""
+    status, reply = request(gateway.url("business"), client_files, model_path("stopInfer"), body)
+    assert status == 422, reply
+    assert reply["error"].startswith("id: "), reply
+
+
 # 4 and 7. getSlotCount, and a client gone mid-stream ------------------------------------------
 
 def test_slots_are_back_within_a_second_after_a_client_drops_a_stream(gateway,
