@@ -446,7 +446,8 @@ def statuses(table: Mapping[grpc.StatusCode, int], *own: int) -> tuple[int, ...]
 TYPED_ERROR = obj({"error": STRING, "error_type": STRING}, ["error", "error_type"], closed=True)
 KSERVE_ERROR = ErrorShape(
     "KServeError", "kserve", 'KServe v2 / Triton routes; errors are `{"error": message}`',
-    obj({"error": STRING}, ["error"], closed=True), statuses(KSERVE_HTTP_STATUS))
+    obj({"error": STRING}, ["error"], closed=True),
+    statuses(KSERVE_HTTP_STATUS, 422))  # 422: MindIE's stopInfer, for an invalid id
 TGI_ERROR = ErrorShape(
     "TgiError", "tgi", 'TGI\'s routes and vLLM\'s /generate; errors are `{"error", "error_type"}`',
     TYPED_ERROR, statuses(tgi.HTTP_STATUS), error_type(tgi.error_body))
