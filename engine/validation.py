@@ -4,7 +4,7 @@ Parameter names, ranges and defaults are MindIE's (its Triton text/token interfa
 callers translate their protocol's names and units to these before calling. One exception:
 the engine takes any uint64 seed, 0 included (TGI's u64, which OpenAI's and vLLM's seeds are
 translated onto); MindIE's interfaces document (0, 2^64 - 1], which the KServe v2 service
-asks for with `seed_range=MINDIE_SEED_RANGE`.
+and MindIE's native routes ask for with `seed_range=MINDIE_SEED_RANGE`.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from engine.chat import ChatMessage
 from engine.errors import EngineError, InvalidRequest
 from engine.protocol import EngineClient
 from engine.request import RequestOutput, TokenLogprob
-from engine.validation import build_request, check_vocabulary
+from engine.validation import INT_RANGES, MINDIE_SEED_RANGE, build_request, check_vocabulary
 from proto import switchboard_pb2 as sb
 from proto import switchboard_pb2_grpc as sb_grpc
 from server import codec
@@ -42,7 +42,9 @@ class GenerationServicer(sb_grpc.GenerationServicer):
             engine = self._engine(request.model_name)
             codec.check_client_id(request.id)
             spec = build_request(uuid.uuid4().hex, _prompt_token_ids(engine, request),
-                                 codec.parameter_values(request.parameters), engine.limits)
+                                 codec.parameter_values(request.parameters), engine.limits,
+                                 seed_range=MINDIE_SEED_RANGE if request.mindie_ranges
+                                 else INT_RANGES["seed"])
             logger.info("request %s (client id %r): %d prompt tokens, generation", spec.request_id,
                         request.id, len(spec.prompt_token_ids))
             tokens = TokenDescriber(engine)

@@ -16,7 +16,7 @@ import grpc
 from gateway.errors import bad_request
 from gateway.protocols.generation import PROMPT, Generation, generate_request, optional_bool
 from gateway.protocols.kserve import optional_string, require_object, required_string
-from gateway.protocols.parameters import UINT64_MAX, json_type
+from gateway.protocols.parameters import json_type
 from proto import switchboard_pb2 as sb
 
 HTTP_STATUS = {
@@ -52,10 +52,6 @@ def infer_request_to_pb(document: object, tokens: bool
     for name in ("n", "best_of"):
         if parameters.get(name) not in (None, 1):
             raise bad_request(name, "MindIE's native routes generate one sequence: must be 1")
-    seed = parameters.get("seed")
-    if type(seed) is int and seed == 0:
-        # switchboard.v1 takes any uint64 seed (TGI's range); MindIE's is (0, 2^64 - 1].
-        raise bad_request("seed", f"must be in [1, {UINT64_MAX}]; got 0")
     if PROMPT in parameters:
         # Refused here, under its own name: parameters travel as they are, and the server's
         # refusal would name its prompt field, which NAMES turns into `inputs`.
@@ -64,6 +60,7 @@ def infer_request_to_pb(document: object, tokens: bool
     request, deadline_s = generate_request("", prompt, parameters,
                                            optional_string(document, "id"),
                                            names=TOKEN_NAMES if tokens else NAMES)
+    request.mindie_ranges = True  # MindIE's seeds are (0, 2^64 - 1]
     return request, optional_bool(document, "stream"), details, deadline_s
 
 

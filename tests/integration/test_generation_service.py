@@ -428,6 +428,15 @@ def test_timeout_is_in_microseconds(generation) -> None:
     assert responses[-1].finish_reason == "length"
 
 
+def test_seed_0_is_a_seed_unless_mindies_ranges_are_asked_for(generation) -> None:
+    message = request(text=COMPLETION_PROMPT, seed=0, max_new_tokens=2)
+    assert generate(generation, message)[-1].seed == 0
+    message.mindie_ranges = True
+    error = rpc_error(generation, message)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.details().startswith("seed: "), error.details()
+
+
 def test_triton_uint64_priority_is_accepted(generation) -> None:
     message = request(text=COMPLETION_PROMPT, do_sample=False, max_new_tokens=2)
     message.parameters["priority"].uint64_param = 2

@@ -45,9 +45,6 @@ def test_infer_token_request_carries_token_ids() -> None:
     # test_translator_properties: it was reported as `inputs`).
     ({"inputs": "x", "parameters": {"prompt": -2**63 - 1}}, False, "prompt"),
     ({"input_id": [5], "parameters": {"prompt": "y"}}, True, "prompt"),
-    # MindIE's seeds are (0, 2^64 - 1]; switchboard.v1's take 0 (TGI's u64).
-    ({"inputs": "x", "parameters": {"seed": 0}}, False, "seed"),
-    ({"input_id": [5], "parameters": {"seed": 0}}, True, "seed"),
 ])
 def test_bad_requests_are_refused_naming_the_field(body: dict, tokens: bool, field: str) -> None:
     with pytest.raises(RequestError) as caught:
@@ -115,3 +112,11 @@ def test_tokenizer_request_and_reply() -> None:
 ])
 def test_error_envelope_types_by_status(status: int, error_type: str) -> None:
     assert mindie.error_body(status, "m") == {"error": "m", "error_type": error_type}
+
+
+@pytest.mark.parametrize("tokens", [False, True])
+def test_requests_ask_for_mindies_ranges(tokens: bool) -> None:
+    """MindIE's seeds are (0, 2^64 - 1]; switchboard.v1's take 0 (TGI's u64) unless asked."""
+    body = {"input_id": [5]} if tokens else {"inputs": "x"}
+    request, *_ = mindie.infer_request_to_pb({**body, "parameters": {"seed": 0}}, tokens)
+    assert request.mindie_ranges
