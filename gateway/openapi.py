@@ -446,8 +446,7 @@ def statuses(table: Mapping[grpc.StatusCode, int], *own: int) -> tuple[int, ...]
 TYPED_ERROR = obj({"error": STRING, "error_type": STRING}, ["error", "error_type"], closed=True)
 KSERVE_ERROR = ErrorShape(
     "KServeError", "kserve", 'KServe v2 / Triton routes; errors are `{"error": message}`',
-    obj({"error": STRING}, ["error"], closed=True),
-    statuses(KSERVE_HTTP_STATUS, 422))  # 422: MindIE's stopInfer, for an invalid id
+    obj({"error": STRING}, ["error"], closed=True), statuses(KSERVE_HTTP_STATUS))
 TGI_ERROR = ErrorShape(
     "TgiError", "tgi", 'TGI\'s routes and vLLM\'s /generate; errors are `{"error", "error_type"}`',
     TYPED_ERROR, statuses(tgi.HTTP_STATUS), error_type(tgi.error_body))
@@ -658,14 +657,19 @@ def document(routes: Iterable[Route]) -> JSON:
     port) is listed once, tagged with each."""
     paths: dict[str, JSON] = {}
     planes: dict[tuple[str, str], list[str]] = {}
+    answered = {shape.name: set(shape.statuses) for shape in SHAPES}
     for route in routes:
         shape = error_shape(route.handler)
+        # A route may map the server's statuses its own way (MindIE's stopInfer: 422).
+        route_statuses = sorted({*shape.statuses,
+                                 *getattr(route.handler, "status_table", {}).values()})
+        answered[shape.name].update(route_statuses)
         for template, patterns in path_templates(route.pattern):
             for method, operation in OPERATIONS[route.name].items():
                 served_on = planes.setdefault((template, method), [])
                 served_on.append(route.plane)
                 paths.setdefault(template, {})[method] = _operation(
-                    route.name, method, operation, shape, patterns, served_on)
+                    route.name, method, operation, shape, route_statuses, patterns, served_on)
     used = {tag for item in paths.values() for operation in item.values()
             for tag in operation["tags"]}
     tags = [*PLANES.items(), *((shape.protocol, shape.description) for shape in SHAPES)]
@@ -685,20 +689,20 @@ def document(routes: Iterable[Route]) -> JSON:
             "responses": {f"{shape.name}{status}": {
                 "description": f"{HTTPStatus(status).phrase}, in the protocol's error shape",
                 "content": {"application/json": {"schema": shape.at(status)}}}
-                for shape in SHAPES for status in shape.statuses},
+                for shape in SHAPES for status in sorted(answered[shape.name])},
         },
     })
 
 
 def _operation(route: str, method: str, operation: Operation, shape: ErrorShape,
-               patterns: Mapping[str, str], planes: list[str]) -> JSON:
+               statuses: Iterable[int], patterns: Mapping[str, str], planes: list[str]) -> JSON:
     responses: JSON = {}
     if operation.ok is not None:
         responses["200"] = {"description": operation.summary}
         if operation.ok:
             responses["200"]["content"] = dict(operation.ok)
     responses.update({str(status): {"$ref": f"#/components/responses/{shape.name}{status}"}
-                      for status in shape.statuses})
+                      for status in statuses})
     result: JSON = {"operationId": "_".join([route, *patterns, method]),
                     "summary": operation.summary, "tags": [*planes, shape.protocol],
                     "responses": responses}
