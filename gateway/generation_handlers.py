@@ -253,20 +253,25 @@ class CompletionsHandler(OpenAIHandler):
             index = openai.choice_index(options, call_index, response.index)
             usage = openai.usage(generations) if options.continuous_usage else None
             chunks = []
-            delta = response.text
+            text, tokens = ("", []) if options.echo_only else (response.text,
+                                                                list(response.tokens))
+            prefix, prompt = "", []
             if index not in sent_chars:
                 sent_chars[index] = 0
                 if options.echo:
-                    delta = openai.echo_text(calls[call_index], generations[call_index]) + delta
+                    prefix = openai.echo_text(calls[call_index], generations[call_index])
+                    prompt = generations[call_index].prompt
                 if self.chat:
                     chunks.append(sse_event(openai.chunk(options, index, role=True,
                                                          usage=usage)))
-            offset = sent_chars[index] + len(delta) - len(response.text)
-            sent_chars[index] += len(delta)
-            chunks.append(sse_event(openai.chunk(options, index, delta_text=delta,
-                                                 tokens=list(response.tokens), text_offset=offset,
-                                                 finish_reason=response.finish_reason,
-                                                 usage=usage)))
+            # Where the chunk's first token's text starts in the choice's text.
+            offset = sent_chars[index] + (0 if prompt else len(prefix))
+            sent_chars[index] += len(prefix) + len(text)
+            chunks.append(sse_event(openai.chunk(
+                options, index, delta_text=prefix + text, tokens=tokens, prompt=prompt,
+                text_offset=offset, usage=usage,
+                finish_reason="length" if options.echo_only and response.finish_reason
+                else response.finish_reason)))
             return chunks
 
         def end() -> bytes:

@@ -255,7 +255,9 @@ REQUESTS: dict[str, JSON] = {
         **optional(OPENAI_COMMON),
         "prompt": {"oneOf": [PROMPT, array(PROMPT, minItems=1), PROMPT_IDS,
                              array(PROMPT_IDS, minItems=1)]},
-        **optional({"logprobs": TOP_LOGPROBS, "echo": BOOLEAN, "best_of": SEQUENCES}),
+        **optional({"logprobs": TOP_LOGPROBS, "echo": BOOLEAN, "best_of": SEQUENCES,
+                    "max_tokens": {**integer(0, INT32_MAX), "description": (
+                        "0 only with echo: the prompt alone, with its tokens' logprobs")}}),
         # Refused unless null.
         "suffix": only(None, STRING),
     }, ["prompt"], closed=True),

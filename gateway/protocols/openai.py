@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import grpc
@@ -93,6 +93,9 @@ class OpenAIOptions:
     continuous_usage: bool
     logprobs: bool
     echo: bool
+    # echo with max_tokens 0 (vLLM's rule, as lm-evaluation-harness scores texts): the reply
+    # is the prompt alone, with its tokens' log-probabilities; one token is generated unseen.
+    echo_only: bool
     n: int
     deadline_s: float
     # The protocol's field names → MindIE's, for the server's error messages.
@@ -137,7 +140,9 @@ def completion_request_to_pb(document: object) -> tuple[list[Call], OpenAIOption
     echo = optional_bool(document, "echo")
     values = _sampling(document)
     max_tokens = _max_tokens(document, "max_tokens")
-    values["max_new_tokens"] = COMPLETION_DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens
+    echo_only = echo and max_tokens == 0
+    values["max_new_tokens"] = COMPLETION_DEFAULT_MAX_TOKENS if max_tokens is None \
+        else 1 if echo_only else max_tokens
     values["best_of"] = document.get("best_of")
     top = document.get("logprobs")
     if top is not None:
@@ -147,14 +152,15 @@ def completion_request_to_pb(document: object) -> tuple[list[Call], OpenAIOption
     calls = []
     deadline_s = 0.0
     for prompt in prompts:
-        # Echoing a prompt of token ids needs its text: the server sends its tokens back.
-        prompt_values = {**values, "prompt_logprobs": True} if echo and not isinstance(
-            prompt, str) else values
+        # Echoed, the prompt's tokens come back from the server: their log-probabilities
+        # lead the reply's, and a prompt of token ids needs their text.
+        prompt_values = {**values, "prompt_logprobs": True} if echo and (
+            top is not None or not isinstance(prompt, str)) else values
         request, deadline_s = generate_request(_model(document), prompt, prompt_values,
                                                names=names)
         calls.append(Call(request, prompt if isinstance(prompt, str) else None))
     return calls, _options(document, "text_completion", top is not None, echo, deadline_s,
-                           names)
+                           names, echo_only=echo_only)
 
 
 def _checked(document: object, fields: frozenset[str]) -> dict[str, object]:
@@ -195,7 +201,8 @@ def _max_tokens(document: Mapping[str, object], name: str) -> int | None:
 
 
 def _options(document: Mapping[str, object], kind: str, logprobs: bool, echo: bool,
-             deadline_s: float, names: Mapping[str, str]) -> OpenAIOptions:
+             deadline_s: float, names: Mapping[str, str], *, echo_only: bool = False
+             ) -> OpenAIOptions:
     stream = optional_bool(document, "stream")
     stream_options = document.get("stream_options")
     if stream_options is not None:
@@ -208,7 +215,7 @@ def _options(document: Mapping[str, object], kind: str, logprobs: bool, echo: bo
                          include_usage=include_usage,
                          continuous_usage=include_usage and optional_bool(
                              stream_options or {}, "continuous_usage_stats"),
-                         logprobs=logprobs, echo=echo,
+                         logprobs=logprobs, echo=echo, echo_only=echo_only,
                          n=n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 1,
                          deadline_s=deadline_s, names=names)
 
@@ -277,16 +284,21 @@ def _chat_logprobs(tokens: list[sb.Token]) -> dict[str, object]:
                         for t in _content_tokens(tokens)]}
 
 
-def _completion_logprobs(tokens: list[sb.Token], offset: int) -> dict[str, object]:
+def _completion_logprobs(tokens: list[sb.Token], offset: int,
+                         prompt: Sequence[sb.Token] = ()) -> dict[str, object]:
+    """prompt: an echoed prompt's tokens, which lead (vLLM's echo). Each is its own top
+    alternative (the server computes no others for a prompt); the first has no logprob."""
+    tops = [{t.text: t.logprob} if t.HasField("logprob") else None for t in prompt]
     tokens = _content_tokens(tokens)
+    tops += [{top.text: top.logprob for top in t.top} or None for t in tokens]
+    tokens = [*prompt, *tokens]
     offsets = []
     for token in tokens:
         offsets.append(offset)
         offset += len(token.text)
     return {"tokens": [t.text for t in tokens],
             "token_logprobs": [t.logprob if t.HasField("logprob") else None for t in tokens],
-            "top_logprobs": [{top.text: top.logprob for top in t.top} or None for t in tokens],
-            "text_offset": offsets}
+            "top_logprobs": tops, "text_offset": offsets}
 
 
 def choice_index(options: OpenAIOptions, call_index: int, sequence_index: int) -> int:
@@ -315,10 +327,14 @@ def reply(calls: list[Call], generations: list[Generation], options: OpenAIOptio
                                 "finish_reason": reason})
             else:
                 prefix = echo_text(call, generation) if options.echo else ""
-                choices.append({"index": index, "text": prefix + sequence.generated_text,
-                                "logprobs": _completion_logprobs(sequence.tokens, len(prefix))
+                generated = [] if options.echo_only else list(sequence.tokens)
+                choices.append({"index": index,
+                                "text": prefix if options.echo_only
+                                else prefix + sequence.generated_text,
+                                "logprobs": _completion_logprobs(
+                                    generated, 0, generation.prompt if options.echo else ())
                                 if options.logprobs else None,
-                                "finish_reason": reason})
+                                "finish_reason": "length" if options.echo_only else reason})
     return {**_header(options, options.kind), "choices": choices, "usage": usage(generations),
             "system_fingerprint": None}
 
@@ -333,11 +349,12 @@ def usage(generations: list[Generation]) -> dict[str, object]:
 
 
 def chunk(options: OpenAIOptions, index: int, *, delta_text: str | None = None,
-          role: bool = False, tokens: list[sb.Token] | None = None, text_offset: int = 0,
-          finish_reason: str = "", usage: dict[str, object] | None = None) -> dict[str, object]:
-    """One streamed chunk for choice `index`; `text_offset`: where its tokens' text starts in
-    the choice's text (completions' logprobs); `usage`: the usage so far, sent with
-    continuous_usage."""
+          role: bool = False, tokens: list[sb.Token] | None = None,
+          prompt: Sequence[sb.Token] = (), text_offset: int = 0, finish_reason: str = "",
+          usage: dict[str, object] | None = None) -> dict[str, object]:
+    """One streamed chunk for choice `index`; `prompt`: the echoed prompt's tokens, which
+    lead its tokens (completions' logprobs); `text_offset`: where the first of them starts in
+    the choice's text; `usage`: the usage so far, sent with continuous_usage."""
     reason = FINISH_REASONS.get(finish_reason, finish_reason) or None
     if options.kind == "chat.completion":
         delta: dict[str, object] = {"role": "assistant", "content": ""} if role else {}
@@ -350,9 +367,8 @@ def chunk(options: OpenAIOptions, index: int, *, delta_text: str | None = None,
         obj = "chat.completion.chunk"
     else:
         choice = {"index": index, "text": delta_text or "",
-                  "logprobs": _completion_logprobs(tokens, text_offset)
-                  if options.logprobs and tokens
-                  else None,
+                  "logprobs": _completion_logprobs(tokens or [], text_offset, prompt)
+                  if options.logprobs and (tokens or prompt) else None,
                   "finish_reason": reason}
         obj = "text_completion"
     document = {**_header(options, obj), "choices": [choice]}

@@ -284,6 +284,44 @@ def test_completion_with_echo_starts_with_the_prompt(client, greedy_completion) 
     assert reply.choices[0].text == FRANCE + greedy_completion.choices[0].text
 
 
+def test_echo_with_logprobs_scores_the_prompt_then_the_completion(client, greedy_completion
+                                                                  ) -> None:
+    """As vLLM answers it (lm-evaluation-harness scores texts so): the prompt's tokens lead
+    the logprobs, the first without one."""
+    reply = client.completions.create(model=MODEL, prompt=FRANCE, temperature=0, max_tokens=4,
+                                      echo=True, logprobs=1)
+    [choice] = reply.choices
+    logprobs = choice.logprobs
+    assert len(logprobs.tokens) == FRANCE_PROMPT_TOKENS + reply.usage.completion_tokens
+    assert "".join(logprobs.tokens) == choice.text == FRANCE + greedy_completion.choices[0].text
+    assert logprobs.token_logprobs[0] is None and logprobs.top_logprobs[0] is None
+    assert all(logprob < 0 for logprob in logprobs.token_logprobs[1:])
+    assert logprobs.text_offset == [len("".join(logprobs.tokens[:i]))
+                                    for i in range(len(logprobs.tokens))]
+    streamed = list(client.completions.create(model=MODEL, prompt=FRANCE, temperature=0,
+                                              max_tokens=4, echo=True, logprobs=1,
+                                              stream=True))
+    tokens = [token for chunk in streamed if chunk.choices[0].logprobs
+              for token in chunk.choices[0].logprobs.tokens]
+    assert tokens == logprobs.tokens
+    assert "".join(chunk.choices[0].text for chunk in streamed) == choice.text
+
+
+def test_echo_of_no_tokens_scores_the_prompt_alone(client) -> None:
+    for stream in (False, True):
+        chunks = client.completions.create(model=MODEL, prompt=ITALY, max_tokens=0, echo=True,
+                                           logprobs=0, stream=stream)
+        [choice] = chunks.choices if not stream else [
+            chunk.choices[0] for chunk in chunks if chunk.choices[0].logprobs]
+        assert choice.text == ITALY
+        assert "".join(choice.logprobs.tokens) == ITALY
+        assert choice.logprobs.token_logprobs[0] is None
+        assert len(choice.logprobs.token_logprobs) == FRANCE_PROMPT_TOKENS
+    with pytest.raises(openai.BadRequestError) as refused:  # no tokens and no echo
+        client.completions.create(model=MODEL, prompt=ITALY, max_tokens=0)
+    assert_openai_error(refused, "max_tokens")
+
+
 def test_streamed_completion_yields_the_same_text(client, greedy_completion) -> None:
     chunks = list(client.completions.create(model=MODEL, prompt=FRANCE, temperature=0,
                                             max_tokens=4, stream=True))

@@ -937,19 +937,44 @@ def test_completion_reply_indexes_choices_per_prompt_and_sequence() -> None:
                               "prompt_tokens_details": {"cached_tokens": 1}}
 
 
-def test_completion_reply_logprobs_with_echo() -> None:
+ECHOED_PROMPT = [token(1, "S"), token(2, "ay", -3.5)]
+
+
+def test_completion_reply_logprobs_with_echo_lead_with_the_prompts() -> None:
     calls, options = completion(prompt="Say", echo=True, logprobs=1)
     generation = generation_of(
         response(0, " hé", [token(5, " h", -0.5, top=[token(5, " h", -0.5)]),
                             token(6, "é", -1.0, top=[token(9, "e", -0.75)])],
-                 finish="length", generated=2))
+                 finish="length", generated=2, prompt=ECHOED_PROMPT))
     (choice,) = openai.reply(calls, [generation], options)["choices"]
     assert choice["text"] == "Say hé"
+    # As vLLM: the prompt's tokens first, the first without a logprob; offsets in characters.
     assert choice["logprobs"] == {
-        "tokens": [" h", "é"], "token_logprobs": [-0.5, -1.0],
-        "top_logprobs": [{" h": -0.5}, {"e": -0.75}],
-        # Offsets in characters, after the echoed prompt.
-        "text_offset": [3, 5]}
+        "tokens": ["S", "ay", " h", "é"], "token_logprobs": [None, -3.5, -0.5, -1.0],
+        "top_logprobs": [None, {"ay": -3.5}, {" h": -0.5}, {"e": -0.75}],
+        "text_offset": [0, 1, 3, 5]}
+
+
+def test_completion_echo_with_logprobs_asks_for_the_prompts_logprobs() -> None:
+    calls, _ = completion(prompt=["text", [7, 8]], echo=True, logprobs=0)
+    assert [params(call.request)["prompt_logprobs"] for call in calls] == [True, True]
+    calls, _ = completion(prompt="text", logprobs=0)
+    assert "prompt_logprobs" not in params(calls[0].request)
+
+
+def test_completion_echo_with_no_tokens_replies_with_the_prompt_alone() -> None:
+    calls, options = completion(prompt="Say", echo=True, logprobs=0, max_tokens=0)
+    # vLLM's rule: one token is generated, and left out.
+    assert calls[0].request.parameters["max_new_tokens"].int64_param == 1
+    generation = generation_of(response(0, "!", [token(3, "!", -0.25)], finish="eos_token",
+                                        prompt=ECHOED_PROMPT))
+    (choice,) = openai.reply(calls, [generation], options)["choices"]
+    assert (choice["text"], choice["finish_reason"]) == ("Say", "length")
+    assert choice["logprobs"] == {"tokens": ["S", "ay"], "token_logprobs": [None, -3.5],
+                                  "top_logprobs": [None, {"ay": -3.5}], "text_offset": [0, 1]}
+    streamed = openai.chunk(options, 0, delta_text="Say", prompt=ECHOED_PROMPT)
+    assert streamed["choices"][0]["logprobs"] == choice["logprobs"]
+
 
 
 def test_completion_reply_logprobs_without_alternatives_or_logprob() -> None:
