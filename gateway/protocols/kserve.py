@@ -64,7 +64,8 @@ def split_body(body: bytes, header_length: str | None) -> tuple[object, bytes]:
         except ValueError:
             raise bad_request(HEADER_LENGTH, f"must be an integer; got {header_length!r}") from None
         if not 0 < length <= len(body):
-            raise bad_request(HEADER_LENGTH, f"{length} is not within the body's {len(body)} bytes")
+            raise bad_request(HEADER_LENGTH, f"the JSON header's length must be in "
+                              f"[1, {len(body)}] (the body's bytes); got {length}")
         json_part, binary = body[:length], body[length:]
     return parse_json(json_part), binary
 

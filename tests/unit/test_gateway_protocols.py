@@ -145,10 +145,13 @@ def test_split_body_without_header_length_is_all_json() -> None:
     assert kserve.split_body(b'{"a": 1}', None) == ({"a": 1}, b"")
 
 
-@pytest.mark.parametrize("header_length", ["abc", "1.5", "0", "-1", "13"])
-def test_split_body_refuses_a_bad_header_length(header_length: str) -> None:
+@pytest.mark.parametrize(("header_length", "rule"), [
+    ("abc", "must be an integer; got 'abc'"), ("1.5", "must be an integer; got '1.5'"),
+    ("0", "must be in [1, 12] (the body's bytes); got 0"), ("-1", "in [1, 12]"),
+    ("13", "in [1, 12]")])
+def test_split_body_refuses_a_bad_header_length(header_length: str, rule: str) -> None:
     message = refused(kserve.split_body, b'{"a": 1}xyzw', header_length)  # 12 bytes
-    assert message.startswith("Inference-Header-Content-Length:")
+    assert message.startswith("Inference-Header-Content-Length:") and rule in message
 
 
 @pytest.mark.parametrize(("body", "header_length"), [
