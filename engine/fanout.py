@@ -4,6 +4,11 @@ Child i samples with seed + i, modulo 2^64 (child 0 with the request's own seed,
 the plain request). With best_of > n every child is generated to the end, and the n with the
 highest cumulative log-probability are returned, ranked, as TGI and vLLM do; with best_of == n
 the children's events stream as they come, each carrying its `index`.
+
+The prompt's log-probabilities, when asked for, are computed by child 0 alone and come on the
+request's first event: with best_of == n the other children's events wait for child 0's first
+(a cached prompt can let them start a step or more before it); ranked, they move to the best
+sequence's first event, child 0 being ranked or not.
 """
 
 from __future__ import annotations
@@ -40,6 +45,9 @@ async def generate_many(generate_one: GenerateOne, request: GenerationRequest
 
     tasks = [asyncio.create_task(pump(index, child)) for index, child in enumerate(children)]
     kept: dict[int, list[RequestOutput]] = defaultdict(list)
+    # Events waiting for child 0's first or its end (None: none wait).
+    held: list[tuple[int, RequestOutput]] | None = \
+        [] if sampling.prompt_logprobs and not ranked else None
     try:
         remaining = len(children)
         while remaining:
@@ -50,12 +58,20 @@ async def generate_many(generate_one: GenerateOne, request: GenerationRequest
                 remaining -= 1
             elif ranked:
                 kept[index].append(item)
+            elif held is not None and index != 0:
+                held.append((index, item))
             else:
                 yield _relabel(item, request, index)
+            if index == 0 and held is not None:
+                for waiting_index, waiting in held:
+                    yield _relabel(waiting, request, waiting_index)
+                held = None
         best = sorted(kept, key=lambda index: -_cumulative_logprob(kept[index]))[:sampling.n]
-        for rank, index in enumerate(best):
-            for event in kept[index]:
-                yield _relabel(event, request, rank)
+        prompt_logprobs = kept[0][0].prompt_logprobs if kept[0] else ()
+        for position, (rank, event) in enumerate(
+                (rank, event) for rank, index in enumerate(best) for event in kept[index]):
+            event = dataclasses.replace(event, prompt_logprobs=() if position else prompt_logprobs)
+            yield _relabel(event, request, rank)
     finally:
         for task in tasks:
             task.cancel()

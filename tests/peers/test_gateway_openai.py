@@ -19,7 +19,8 @@ from gateway_clients import MODEL, OpenStream, connect, poll, slot_count, ssl_co
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 FRANCE = "The capital of France is"
 ITALY = "The capital of Italy is"
-FRANCE_PROMPT_TOKENS = 5  # [504, 3575, 282, 4649, 314] in SmolLM2's vocabulary
+FRANCE_IDS = [504, 3575, 282, 4649, 314]  # in SmolLM2's vocabulary
+FRANCE_PROMPT_TOKENS = len(FRANCE_IDS)
 PARIS, LONDON = "7042", "4528"  # " Paris" and " London" in SmolLM2's vocabulary
 SLOTS_BACK_WITHIN_S = 3.0
 
@@ -305,6 +306,18 @@ def test_echo_with_logprobs_scores_the_prompt_then_the_completion(client, greedy
               for token in chunk.choices[0].logprobs.tokens]
     assert tokens == logprobs.tokens
     assert "".join(chunk.choices[0].text for chunk in streamed) == choice.text
+
+
+def test_every_streamed_choice_echoes_a_token_id_prompt(client) -> None:
+    """The server computes the prompt's tokens once, for one of the n sequences; every
+    choice's stream still starts with them."""
+    streamed = list(client.completions.create(model=MODEL, prompt=FRANCE_IDS, max_tokens=3,
+                                              n=3, seed=5, echo=True, logprobs=0, stream=True))
+    for index in range(3):
+        chunks = [chunk.choices[0] for chunk in streamed if chunk.choices[0].index == index]
+        assert "".join(choice.text for choice in chunks).startswith(FRANCE)
+        tokens = [token for choice in chunks for token in choice.logprobs.tokens]
+        assert "".join(tokens[:FRANCE_PROMPT_TOKENS]) == FRANCE
 
 
 def test_echo_of_no_tokens_scores_the_prompt_alone(client) -> None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections import defaultdict
+from collections.abc import AsyncIterator
 
 import pytest
 import torch
@@ -12,7 +14,9 @@ from test_async_engine import LIMITS, collect, eventually, run_with_engine
 
 from engine.async_engine import AsyncEngine
 from engine.errors import InvalidRequest
-from engine.request import RequestOutput
+from engine.fanout import generate_many
+from engine.params import GenerationRequest
+from engine.request import FinishReason, RequestOutput, TokenLogprob
 from engine.validation import build_request
 
 PROMPT = [0, 1, 2]
@@ -99,6 +103,48 @@ def test_leaving_an_n_request_early_aborts_all_its_sequences() -> None:
         await eventually(lambda: not engine._core.has_work())
 
     run_with_engine(scenario, make_core(SkewedRunner()))
+
+
+PROMPT_LOGPROBS = (None, -1.5, -2.5)
+
+
+def scripted_children(last: int, logprobs: dict[int, float]):
+    """A generate_one whose children each produce one token with the given log-probability
+    (child 0 with the prompt's log-probabilities, as the engine's only child asked for
+    them); child 0 starts only once child `last` has ended."""
+    others_ended = asyncio.Event()
+
+    async def generate_one(child: GenerationRequest) -> AsyncIterator[RequestOutput]:
+        index = int(child.request_id.rpartition("/")[2])
+        if index == 0:
+            await others_ended.wait()
+        yield RequestOutput(child.request_id, (index,), str(index), 3, 1, child.sampling.seed,
+                            finish_reason=FinishReason.LENGTH,
+                            logprobs=(TokenLogprob(index, logprobs[index]),),
+                            prompt_logprobs=PROMPT_LOGPROBS if index == 0 else ())
+        if index == last:
+            others_ended.set()
+
+    return generate_one
+
+
+async def collect_many(generate_one, **parameters: object) -> list[RequestOutput]:
+    return [event async for event in generate_many(
+        generate_one, request("many", prompt_logprobs=True, **parameters))]
+
+
+def test_the_prompts_logprobs_come_first_though_another_sequence_starts_first() -> None:
+    events = asyncio.run(collect_many(scripted_children(2, {0: -1.0, 1: -1.0, 2: -1.0}), n=3))
+    assert events[0].index == 0 and events[0].prompt_logprobs == PROMPT_LOGPROBS
+    assert sorted(event.index for event in events) == [0, 1, 2]
+    assert all(event.prompt_logprobs == () for event in events[1:])
+
+
+def test_the_prompts_logprobs_come_first_though_the_sequence_with_them_is_not_ranked() -> None:
+    events = asyncio.run(collect_many(scripted_children(2, {0: -9.0, 1: -1.0, 2: -2.0}), n=2,
+                                      best_of=3))
+    assert [(event.index, event.text) for event in events] == [(0, "1"), (1, "2")]
+    assert events[0].prompt_logprobs == PROMPT_LOGPROBS and events[1].prompt_logprobs == ()
 
 
 @pytest.mark.parametrize(("parameters", "message"), [
