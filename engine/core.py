@@ -264,17 +264,27 @@ class EngineCore:
     @staticmethod
     def _record_prompt_logprobs(chunk: ScheduledChunk, rows: torch.Tensor) -> None:
         """rows[i]: the logits after position chunk.start + i, which give the log-probability
-        of the prompt token after it. Positions recorded before (a preempted request
-        recomputes them) are skipped."""
+        of the prompt token after it, and the request's number of top alternatives there
+        (vLLM's prompt_logprobs with echo: lm-evaluation-harness tells whether a text is the
+        greedy one by them). Positions recorded before (a preempted request recomputes them)
+        are skipped."""
         request = chunk.request
         prompt = request.spec.prompt_token_ids
         first = len(request.prompt_logprobs)
         end = min(chunk.start + chunk.num_tokens, len(prompt) - 1)
         if end <= first:
             return
-        targets = torch.tensor(prompt[first + 1:end + 1]).unsqueeze(1)
+        targets = prompt[first + 1:end + 1]
         logprobs = torch.log_softmax(rows[first - chunk.start:end - chunk.start].cpu(), dim=-1)
-        request.prompt_logprobs.extend(logprobs.gather(1, targets).squeeze(1).tolist())
+        chosen = logprobs.gather(1, torch.tensor(targets).unsqueeze(1)).squeeze(1).tolist()
+        num_top = request.spec.sampling.logprobs or 0
+        if num_top:
+            top = logprobs.topk(num_top, dim=-1)
+            alternatives = [tuple(zip(ids, values)) for ids, values
+                            in zip(top.indices.tolist(), top.values.tolist())]
+        else:
+            alternatives = [()] * len(targets)
+        request.prompt_logprobs.extend(map(TokenLogprob, targets, chosen, alternatives))
 
     def _expire(self, now: float) -> list[RequestOutput]:
         expired = [r for r in self._requests.values() if now >= r.deadline]

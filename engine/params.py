@@ -31,8 +31,8 @@ class SamplingParams:
     else report each chosen token's log-probability and this many top alternatives.
     n sequences are returned, the best of best_of generated (see engine/fanout.py).
     prompt_logprobs: report each prompt token's log-probability under the model (TGI's
-    decoder_input_details) on the first token event; such a request reuses no cached prefix,
-    since every prompt position must be computed.
+    decoder_input_details), with `logprobs` top alternatives, on the first token event; such a
+    request reuses no cached prefix, since every prompt position must be computed.
     logit_bias: (token id, bias) pairs added to the logits before a token is chosen, after the
     penalties (OpenAI's logit_bias); allowed_token_ids: when given, the only tokens that may be
     chosen (vLLM's); log-probabilities stay the model's own. skip_special_tokens: the text

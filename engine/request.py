@@ -71,7 +71,8 @@ class RequestOutput:
     The last event of a request has `finish_reason` set, or `error` when it ended badly.
     `index` tells the sequences of an n > 1 request apart. `prompt_logprobs`, when asked for,
     comes on the first event with a generated token only: one entry per prompt token, the
-    log-probability of the token given those before it (None for the first).
+    log-probability of the token given those before it, with `logprobs` top alternatives
+    (None for the first).
     """
 
     request_id: str
@@ -86,7 +87,7 @@ class RequestOutput:
     num_cached_tokens: int = 0
     timings: RequestTimings | None = None
     index: int = 0
-    prompt_logprobs: tuple[float | None, ...] = ()
+    prompt_logprobs: tuple[TokenLogprob | None, ...] = ()
 
     @property
     def is_last(self) -> bool:
@@ -113,7 +114,7 @@ class Request:
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     last_token_time: float | None = None
-    prompt_logprobs: list[float] = field(default_factory=list)  # so far, of prompt tokens 1, 2, ...
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)  # so far, of tokens 1, 2, ...
     draft_window: DraftWindow = field(default_factory=DraftWindow)
     guide: Guide | None = None  # structured output: the tokens that may follow (see guided.py)
 

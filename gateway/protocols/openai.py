@@ -286,19 +286,19 @@ def _chat_logprobs(tokens: list[sb.Token]) -> dict[str, object]:
 
 def _completion_logprobs(tokens: list[sb.Token], offset: int,
                          prompt: Sequence[sb.Token] = ()) -> dict[str, object]:
-    """prompt: an echoed prompt's tokens, which lead (vLLM's echo). Each is its own top
-    alternative (the server computes no others for a prompt); the first has no logprob."""
-    tops = [{t.text: t.logprob} if t.HasField("logprob") else None for t in prompt]
-    tokens = _content_tokens(tokens)
-    tops += [{top.text: top.logprob for top in t.top} or None for t in tokens]
-    tokens = [*prompt, *tokens]
+    """prompt: an echoed prompt's tokens, which lead (vLLM's echo; the first has no logprob).
+    Each position's top_logprobs are its alternatives and its own token, as vLLM's: with
+    `logprobs` 0, the token alone."""
+    tokens = [*prompt, *_content_tokens(tokens)]
     offsets = []
     for token in tokens:
         offsets.append(offset)
         offset += len(token.text)
     return {"tokens": [t.text for t in tokens],
             "token_logprobs": [t.logprob if t.HasField("logprob") else None for t in tokens],
-            "top_logprobs": tops, "text_offset": offsets}
+            "top_logprobs": [{**{top.text: top.logprob for top in t.top}, t.text: t.logprob}
+                             if t.HasField("logprob") else None for t in tokens],
+            "text_offset": offsets}
 
 
 def choice_index(options: OpenAIOptions, call_index: int, sequence_index: int) -> int:

@@ -153,15 +153,22 @@ def test_prompt_logprobs_equal_transformers_log_softmax(harness, reference_model
     other = harness.request(", ".join(str(i) for i in range(1, 15)), do_sample=False,
                             max_new_tokens=4)
     asking = harness.request(SYSTEM_PROMPT + "Why is the sea salty?<|im_end|>\n",
-                             do_sample=False, max_new_tokens=2, prompt_logprobs=True)
+                             do_sample=False, max_new_tokens=2, prompt_logprobs=True,
+                             logprobs=True, top_logprobs=2)
     _, events = harness.generate(other, asking)
     input_ids = torch.tensor([asking.prompt_token_ids])
     with torch.no_grad():
         logprobs = torch.log_softmax(reference_model(input_ids).logits[0].float(), dim=-1)
     expected = logprobs[:-1].gather(1, input_ids[0, 1:].unsqueeze(1)).squeeze(1).tolist()
+    top = logprobs[:-1].topk(2, dim=-1)
     first, *rest = [event.prompt_logprobs for event in events]
     assert first[0] is None
-    assert list(first[1:]) == pytest.approx(expected, abs=1e-3)
+    assert tuple(entry.token_id for entry in first[1:]) == asking.prompt_token_ids[1:]
+    assert [entry.logprob for entry in first[1:]] == pytest.approx(expected, abs=1e-3)
+    # The two most likely tokens at each position (ties aside), with their log-probabilities.
+    for entry, ids, values in zip(first[1:], top.indices.tolist(), top.values.tolist()):
+        assert [token_id for token_id, _ in entry.top][0] == ids[0]
+        assert [logprob for _, logprob in entry.top] == pytest.approx(values, abs=1e-3)
     assert rest == [()] * len(rest)
     assert events[-1].num_cached_tokens == 0
 

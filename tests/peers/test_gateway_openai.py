@@ -308,6 +308,24 @@ def test_echo_with_logprobs_scores_the_prompt_then_the_completion(client, greedy
     assert "".join(chunk.choices[0].text for chunk in streamed) == choice.text
 
 
+def test_echo_tells_the_greedy_continuation_from_another(client) -> None:
+    """lm-evaluation-harness's test: a continuation is greedy where each of its tokens' logprob
+    is the highest of its position's top_logprobs."""
+    def continuation(word: str) -> tuple[float, dict[str, float]]:
+        reply = client.completions.create(model=MODEL, prompt=FRANCE + word, max_tokens=1,
+                                          temperature=0, echo=True, logprobs=1)
+        logprobs = reply.choices[0].logprobs
+        assert logprobs.tokens[FRANCE_PROMPT_TOKENS] == word
+        return (logprobs.token_logprobs[FRANCE_PROMPT_TOKENS],
+                logprobs.top_logprobs[FRANCE_PROMPT_TOKENS])
+
+    paris, paris_top = continuation(" Paris")
+    assert paris == max(paris_top.values()) and set(paris_top) == {" Paris"}
+    berlin, berlin_top = continuation(" Berlin")
+    assert berlin < max(berlin_top.values()) == berlin_top[" Paris"] == pytest.approx(paris)
+    assert set(berlin_top) == {" Paris", " Berlin"}
+
+
 def test_every_streamed_choice_echoes_a_token_id_prompt(client) -> None:
     """The server computes the prompt's tokens once, for one of the n sequences; every
     choice's stream still starts with them."""

@@ -331,6 +331,11 @@ def expected_prompt_logprobs(prompt: str) -> list[float | None]:
                      [token_ids[i]].item() for i in range(1, len(token_ids))]
 
 
+def prompt_logprob_values(output: RequestOutput) -> list[float | None]:
+    """The output's prompt log-probabilities, as numbers."""
+    return [None if entry is None else entry.logprob for entry in output.prompt_logprobs]
+
+
 def with_prompt_logprobs(request_id: str, prompt: str, **options: object) -> GenerationRequest:
     return with_sampling(make_request(request_id, prompt, **options), prompt_logprobs=True)
 
@@ -340,8 +345,22 @@ def test_prompt_logprobs_come_on_the_first_token_event_only() -> None:
     core.add(with_prompt_logprobs("r", "hello", max_new_tokens=3))
     outputs = run(core)["r"]
     assert texts(outputs) == ["u", "v", "w"]  # sampling still reads each chunk's last row
-    assert outputs[0].prompt_logprobs == pytest.approx(expected_prompt_logprobs("hello"))
+    assert prompt_logprob_values(outputs[0]) == pytest.approx(expected_prompt_logprobs("hello"))
     assert [output.prompt_logprobs for output in outputs[1:]] == [(), ()]
+
+
+def test_prompt_logprobs_carry_the_top_alternatives_asked_for() -> None:
+    core = make_core()
+    core.add(with_sampling(make_request("r", "hello", max_new_tokens=1), prompt_logprobs=True,
+                           logprobs=2))
+    first, *rest = run(core)["r"][0].prompt_logprobs
+    token_ids = ids("hello")
+    assert first is None and [entry.token_id for entry in rest] == list(token_ids[1:])
+    for position, entry in enumerate(rest, 1):
+        logprobs = torch.log_softmax(FakeRunner.context_logits(token_ids[:position]), dim=-1)
+        top = logprobs.topk(2)
+        assert [token_id for token_id, _ in entry.top] == top.indices.tolist()
+        assert [logprob for _, logprob in entry.top] == pytest.approx(top.values.tolist())
 
 
 def test_a_one_token_prompt_has_one_null_prompt_logprob() -> None:
@@ -357,7 +376,7 @@ def test_prompt_logprobs_are_the_same_whatever_the_prefill_chunks(step_tokens: i
     core.add(make_request("plain", "p", max_new_tokens=8))
     core.add(with_prompt_logprobs("asking", "abcdefghij", max_new_tokens=3))
     outputs = run(core)
-    assert outputs["asking"][0].prompt_logprobs == \
+    assert prompt_logprob_values(outputs["asking"][0]) == \
         pytest.approx(expected_prompt_logprobs("abcdefghij"))
     assert "".join(texts(outputs["asking"])) == "klm"
     assert "".join(texts(outputs["plain"])) == "uvwuvwuv"
@@ -375,7 +394,8 @@ def test_a_request_with_prompt_logprobs_reuses_no_cached_prefix_but_shares_its_o
         expected_cached = 0 if asks else 8
         assert outputs[-1].num_cached_tokens == expected_cached
         if asks:
-            assert outputs[0].prompt_logprobs == pytest.approx(expected_prompt_logprobs(prompt))
+            assert prompt_logprob_values(outputs[0]) == \
+                pytest.approx(expected_prompt_logprobs(prompt))
     assert runner.prefilled_prompts() == [prompt, prompt]  # "plain" started at position 8
 
 
@@ -385,7 +405,7 @@ def test_a_request_preempted_mid_prefill_records_each_prompt_logprob_once() -> N
     core.add(make_request("urgent", "p", max_new_tokens=6, priority=1))
     outputs = run(core)
     assert core.stats().num_preemptions > 0
-    assert outputs["asking"][0].prompt_logprobs == \
+    assert prompt_logprob_values(outputs["asking"][0]) == \
         pytest.approx(expected_prompt_logprobs("abcdefghijkl"))
     assert outputs["asking"][-1].finish_reason is FinishReason.LENGTH
 
@@ -397,4 +417,5 @@ def test_prompt_logprobs_survive_the_one_by_one_retry_of_a_failed_step() -> None
     outputs = run(core)
     assert isinstance(outputs["bad"][0].error, GenerationFailed)
     assert texts(outputs["good"]) == ["o", "k"]
-    assert outputs["good"][0].prompt_logprobs == pytest.approx(expected_prompt_logprobs("good"))
+    assert prompt_logprob_values(outputs["good"][0]) == \
+        pytest.approx(expected_prompt_logprobs("good"))

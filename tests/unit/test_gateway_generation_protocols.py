@@ -937,7 +937,7 @@ def test_completion_reply_indexes_choices_per_prompt_and_sequence() -> None:
                               "prompt_tokens_details": {"cached_tokens": 1}}
 
 
-ECHOED_PROMPT = [token(1, "S"), token(2, "ay", -3.5)]
+ECHOED_PROMPT = [token(1, "S"), token(2, "ay", -3.5, top=[token(7, "ome", -0.5)])]
 
 
 def test_completion_reply_logprobs_with_echo_lead_with_the_prompts() -> None:
@@ -948,10 +948,12 @@ def test_completion_reply_logprobs_with_echo_lead_with_the_prompts() -> None:
                  finish="length", generated=2, prompt=ECHOED_PROMPT))
     (choice,) = openai.reply(calls, [generation], options)["choices"]
     assert choice["text"] == "Say hé"
-    # As vLLM: the prompt's tokens first, the first without a logprob; offsets in characters.
+    # As vLLM: the prompt's tokens first, the first without a logprob; each position's
+    # alternatives and its own token; offsets in characters.
     assert choice["logprobs"] == {
         "tokens": ["S", "ay", " h", "é"], "token_logprobs": [None, -3.5, -0.5, -1.0],
-        "top_logprobs": [None, {"ay": -3.5}, {" h": -0.5}, {"e": -0.75}],
+        "top_logprobs": [None, {"ome": -0.5, "ay": -3.5}, {" h": -0.5},
+                         {"e": -0.75, "é": -1.0}],
         "text_offset": [0, 1, 3, 5]}
 
 
@@ -971,19 +973,22 @@ def test_completion_echo_with_no_tokens_replies_with_the_prompt_alone() -> None:
     (choice,) = openai.reply(calls, [generation], options)["choices"]
     assert (choice["text"], choice["finish_reason"]) == ("Say", "length")
     assert choice["logprobs"] == {"tokens": ["S", "ay"], "token_logprobs": [None, -3.5],
-                                  "top_logprobs": [None, {"ay": -3.5}], "text_offset": [0, 1]}
+                                  "top_logprobs": [None, {"ome": -0.5, "ay": -3.5}],
+                                  "text_offset": [0, 1]}
     streamed = openai.chunk(options, 0, delta_text="Say", prompt=ECHOED_PROMPT)
     assert streamed["choices"][0]["logprobs"] == choice["logprobs"]
 
 
 
 def test_completion_reply_logprobs_without_alternatives_or_logprob() -> None:
+    """logprobs 0: each token is its own top alternative, as vLLM's (clients take the max of
+    them); a token without a logprob has none."""
     calls, options = completion(logprobs=0)
     generation = generation_of(response(0, "ab", [token(5, "a", -0.5), token(6, "b")],
                                         finish="length", generated=2))
     (choice,) = openai.reply(calls, [generation], options)["choices"]
     assert choice["logprobs"] == {"tokens": ["a", "b"], "token_logprobs": [-0.5, None],
-                                  "top_logprobs": [None, None], "text_offset": [0, 1]}
+                                  "top_logprobs": [{"a": -0.5}, None], "text_offset": [0, 1]}
 
 
 def test_completion_reply_echoes_a_token_id_prompt_from_its_tokens() -> None:
@@ -1053,8 +1058,8 @@ def test_completion_chunks() -> None:
     assert document["id"] == options.response_id and document["id"].startswith("cmpl-")
     assert document["choices"] == [{
         "index": 2, "text": "lo", "finish_reason": "stop",
-        "logprobs": {"tokens": ["lo"], "token_logprobs": [-0.5], "top_logprobs": [None],
-                     "text_offset": [0]}}]
+        "logprobs": {"tokens": ["lo"], "token_logprobs": [-0.5],
+                     "top_logprobs": [{"lo": -0.5}], "text_offset": [0]}}]
     empty = openai.chunk(options, 0)
     assert empty["choices"][0]["text"] == "" and empty["choices"][0]["logprobs"] is None
     assert empty["choices"][0]["finish_reason"] is None
