@@ -59,25 +59,7 @@ def _parser() -> argparse.ArgumentParser:
                                 help="serve a model over KServe v2 gRPC (mutual TLS)")
     serve.set_defaults(command=_serve)
     _add_common_arguments(serve)
-    serve.add_argument("--model", type=Path,
-                       help="a Hugging Face folder or a .gguf file (default: the packaged SmolLM2)")
-    serve.add_argument("--model-name", help=f"name clients use (default: {DEFAULT_MODEL_NAME})")
-    serve.add_argument("--device", choices=DEVICES, help="default: auto (cuda, then npu, then cpu)")
-    serve.add_argument("--dtype", choices=DTYPES,
-                       help="default: auto (bfloat16 on accelerators, float32 on CPU)")
-    serve.add_argument("--quantization", choices=QUANTIZATIONS,
-                       help="weight-only quantized linears on CPU: int8, int4, or gguf (a .gguf "
-                            "file's own precision per matrix); default: none")
-    serve.add_argument("--enforce-eager", action="store_true", default=None,
-                       help="run every step eagerly: no CUDA graphs for decode steps")
-    serve.add_argument("--speculate", type=int, dest="num_speculative_tokens", metavar="N",
-                       help="n-gram speculation: guess up to N next tokens of each decoding "
-                            "request from its own text, verified in the same step; default: "
-                            "0 (off)")
-    serve.add_argument("--grpc-host", help=f"default: {DEFAULT_GRPC_HOST}")
-    serve.add_argument("--grpc-port", type=int, help=f"default: {DEFAULT_GRPC_PORT}; 0 picks a free port")
-    serve.add_argument("--cache-dir", type=Path,
-                       help="where converted GGUF models are kept (default: ~/.cache/switchboard)")
+    _add_server_arguments(serve)
 
     gateway = commands.add_parser("gateway", help="serve the REST routes over HTTPS, transcoded "
                                                   "to the gRPC server (mutual TLS on both hops)")
@@ -88,8 +70,10 @@ def _parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="start the server, then the gateway in front of it; "
                                           "Ctrl-C stops both")
     _add_common_arguments(run)
+    server_options = _add_server_arguments(run)
     gateway_options = _add_gateway_arguments(run, with_upstream=False)
-    run.set_defaults(command=_run, gateway_options=gateway_options)
+    run.set_defaults(command=_run, server_options=server_options,
+                     gateway_options=gateway_options)
     return parser
 
 
@@ -110,14 +94,46 @@ def _add_common_arguments(parser: argparse.ArgumentParser) -> None:
                              f"{KEY_PASSWORD_ENV} environment variable; never a flag)")
 
 
+class _Flags:
+    """Adds a process's own flags to a parser and remembers them as {dest: option}, for `run`
+    to pass on to that process."""
+
+    def __init__(self, parser: argparse.ArgumentParser) -> None:
+        self._parser = parser
+        self.options: dict[str, str] = {}
+
+    def __call__(self, *flags: str, **options: object) -> None:
+        action = self._parser.add_argument(*flags, **options)
+        self.options[action.dest] = action.option_strings[0]
+
+
+def _add_server_arguments(parser: argparse.ArgumentParser) -> dict[str, str]:
+    """The server's own flags, as {dest: option}."""
+    add = _Flags(parser)
+    add("--model", type=Path,
+        help="a Hugging Face folder or a .gguf file (default: the packaged SmolLM2)")
+    add("--model-name", help=f"name clients use (default: {DEFAULT_MODEL_NAME})")
+    add("--device", choices=DEVICES, help="default: auto (cuda, then npu, then cpu)")
+    add("--dtype", choices=DTYPES, help="default: auto (bfloat16 on accelerators, float32 on CPU)")
+    add("--quantization", choices=QUANTIZATIONS,
+        help="weight-only quantized linears on CPU: int8, int4, or gguf (a .gguf file's own "
+             "precision per matrix); default: none")
+    add("--enforce-eager", action="store_true", default=None,
+        help="run every step eagerly: no CUDA graphs for decode steps")
+    add("--speculate", type=int, dest="num_speculative_tokens", metavar="N",
+        help="n-gram speculation: guess up to N next tokens of each decoding request from its "
+             "own text, verified in the same step; default: 0 (off)")
+    add("--grpc-host", help=f"default: {DEFAULT_GRPC_HOST}")
+    add("--grpc-port", type=int, help=f"default: {DEFAULT_GRPC_PORT}; 0 picks a free port")
+    add("--cache-dir", type=Path,
+        help="where converted GGUF models are kept (default: ~/.cache/switchboard)")
+    return add.options
+
+
 def _add_gateway_arguments(parser: argparse.ArgumentParser, *, with_upstream: bool = True
                            ) -> dict[str, str]:
-    """The gateway's own flags; returns them as {dest: option} (`run` passes them on)."""
-    actions: list[argparse.Action] = []
-
-    def add(*flags: str, **options: object) -> None:
-        actions.append(parser.add_argument(*flags, **options))
-
+    """The gateway's own flags, as {dest: option}."""
+    add = _Flags(parser)
     if with_upstream:
         add("--upstream", help=f"the gRPC server, HOST:PORT (default: the config file's "
                                f"grpcIpAddress:grpcPort, else {DEFAULT_UPSTREAM})")
@@ -144,7 +160,7 @@ def _add_gateway_arguments(parser: argparse.ArgumentParser, *, with_upstream: bo
              f"slower clients are cut off (default: {DEFAULT_CLIENT_TIMEOUT_S:g})")
     add("--max-header-bytes", type=int,
         help=f"larger request headers end the connection (default: {DEFAULT_MAX_HEADER_BYTES})")
-    return {action.dest: action.option_strings[0] for action in actions}
+    return add.options
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -262,9 +278,10 @@ def _run(args: argparse.Namespace) -> int:
               *(["--tls-key-password-file", str(args.tls_key_password_file)]
                 if args.tls_key_password_file else []),
               *(["--insecure"] if args.insecure else [])]
-    gateway_flags = [f"{option}={getattr(args, dest)}"
-                     for dest, option in args.gateway_options.items()
-                     if getattr(args, dest) is not None]
+    server_flags, gateway_flags = (
+        [f"{option}={getattr(args, dest)}" if not isinstance(getattr(args, dest), bool)
+         else option for dest, option in options.items() if getattr(args, dest) is not None]
+        for options in (args.server_options, args.gateway_options))
     done = threading.Event()  # a signal came, or a child exited
     signalled = threading.Event()
     children: list[ChildProcess] = []
@@ -278,7 +295,8 @@ def _run(args: argparse.Namespace) -> int:
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, on_signal)
     try:
-        server = ServerProcess(*shared, echo=True, free_port=False, on_exit=done.set)
+        server = ServerProcess(*shared, *server_flags, echo=True, free_port=False,
+                               on_exit=done.set)
         children.append(server)
         server.wait_ready()
         gateway = GatewayProcess(*shared, *gateway_flags, f"--upstream={server.address}",

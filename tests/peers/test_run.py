@@ -17,20 +17,24 @@ from gateway_clients import MODEL, curl_with, grpcurl
 from server.process import GATEWAY_READY, SERVER_READY
 
 
-@contextmanager
-def switchboard_run(pki, tmp_path: Path
-                    ) -> Iterator[tuple[subprocess.Popen, dict[str, str], list[str]]]:
-    """`switchboard run` in a session of its own (as a terminal's foreground job), the
-    addresses its ready lines give (the gateway's planes, and the server's `grpc`), and its
-    two children's pids. The config file names a free gRPC port (`configured_grpc_port`)."""
+def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
-        grpc_port = probe.getsockname()[1]
+        return probe.getsockname()[1]
+
+
+@contextmanager
+def switchboard_run(pki, tmp_path: Path, *flags: str
+                    ) -> Iterator[tuple[subprocess.Popen, dict[str, str], list[str]]]:
+    """`switchboard run [flags]` in a session of its own (as a terminal's foreground job), the
+    addresses its ready lines give (the gateway's planes, and the server's `grpc`), and its
+    two children's pids. The config file names a free gRPC port (`configured_grpc_port`)."""
+    grpc_port = free_port()
     config = tmp_path / "config.json"
     config.write_text(json.dumps({"grpcPort": grpc_port}))
     run = subprocess.Popen(
         [sys.executable, "-m", "server", "run", "--tls-dir", str(pki.folder), "--http-port", "0",
-         "--management-port", "0", "--metrics-port", "0", "--config", str(config)],
+         "--management-port", "0", "--metrics-port", "0", "--config", str(config), *flags],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         log, server_ready, gateway_ready = [], None, None
@@ -70,6 +74,21 @@ def test_run_serves_through_the_gateway_and_ctrl_c_stops_both(pki, client_files,
         # The server listens where the configuration says, not on a port of its choosing.
         assert ready["grpc"].rsplit(":", 1)[1] == ready["configured_grpc_port"]
         run.send_signal(signal.SIGINT)  # what Ctrl-C sends to the foreground process
+        assert_all_exited(run, child_pids)
+
+
+def test_run_passes_the_servers_flags_on(pki, client_files, tmp_path) -> None:
+    """`make run ARGS="--model-name …"`: the server's flags work on `run`, over the config
+    file's settings."""
+    grpc_port = free_port()
+    with switchboard_run(pki, tmp_path, "--model-name", "renamed", "--grpc-port", str(grpc_port),
+                         "--enforce-eager") as (run, ready, child_pids):
+        assert ready["grpc"].rsplit(":", 1)[1] == str(grpc_port) != ready["configured_grpc_port"]
+        reply = curl_with(client_files, f"{ready['business']}/v2/models/renamed/generate",
+                          body={"text_input": "The capital of France is",
+                                "parameters": {"max_new_tokens": 3, "do_sample": False}})
+        assert reply.status == 200 and "Paris" in reply.json()["text_output"], reply.body
+        run.send_signal(signal.SIGINT)
         assert_all_exited(run, child_pids)
 
 
