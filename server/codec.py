@@ -25,6 +25,8 @@ from engine.validation import MINDIE_SEED_RANGE, build_request
 from proto import grpc_service_pb2 as pb
 from proto import tensor_bytes
 from proto.tensor_bytes import serialize_bytes
+from server import triton_vllm
+from server.triton_vllm import VllmOptions
 
 FINAL_RESPONSE_PARAMETER = "triton_final_response"
 # Reserved by Triton's parameters extension; they steer Triton's own scheduler, not generation.
@@ -62,12 +64,19 @@ INPUT_KINDS = {kind.input_name: kind for kind in InputKind}
 
 @dataclass(frozen=True, slots=True)
 class InferCall:
-    """A ModelInferRequest, decoded: which interface, its prompt and its parameters."""
+    """A ModelInferRequest, decoded: which interface, its prompt and its parameters; `vllm`:
+    the options of Triton's vLLM backend interface, when the request is one of it."""
 
     kind: InputKind
     prompt: tuple[int, ...] | str
     parameters: Mapping[str, object]
     client_id: str
+    vllm: VllmOptions | None = None
+
+    @property
+    def streams(self) -> bool:
+        """Whether ModelStreamInfer answers with a response per step (else one, at the end)."""
+        return self.vllm is None or self.vllm.stream
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,31 +91,83 @@ class InferResult:
 
 
 def decode_infer_request(request: pb.ModelInferRequest) -> InferCall:
-    if len(request.inputs) != 1:
-        raise InvalidRequest("inputs", f"expected exactly one input ({' or '.join(INPUT_KINDS)}); "
-                             f"got {len(request.inputs)}")
-    tensor = request.inputs[0]
-    kind = INPUT_KINDS.get(tensor.name)
-    if kind is None:
-        raise InvalidRequest("inputs", f"unknown input {tensor.name!r}; expected "
-                             + " or ".join(INPUT_KINDS))
+    """MindIE's Triton interfaces (one input: input0 or text_input), or Triton's vLLM
+    backend's (text_input and its control tensors, see `triton_vllm`)."""
+    names = [tensor.name for tensor in request.inputs]
+    for name in names:
+        if name not in INPUT_KINDS and name not in triton_vllm.INPUTS:
+            raise InvalidRequest("inputs", f"unknown input {name!r}; expected "
+                                 f"{' or '.join(INPUT_KINDS)}, and with text_input Triton's vLLM "
+                                 f"backend's {', '.join(triton_vllm.CONTROL_INPUTS)}")
+    prompts = [index for index, name in enumerate(names) if name in INPUT_KINDS]
+    if len(prompts) != 1:
+        raise InvalidRequest("inputs", f"expected exactly one input of {' or '.join(INPUT_KINDS)}"
+                             f" (beside the vLLM backend's control tensors); got {len(prompts)}")
+    raws = _raw_inputs(request)
+    tensor, raw = request.inputs[prompts[0]], raws[prompts[0]]
+    kind = INPUT_KINDS[tensor.name]
     if tensor.datatype != kind.datatype:
         raise InvalidRequest(tensor.name, f"datatype must be {kind.datatype}; got {tensor.datatype!r}")
     check_client_id(request.id)
-    if len(request.outputs) > len(request.inputs):
-        raise InvalidRequest("outputs", f"expected at most {len(request.inputs)} output (one per "
-                             f"input); got {len(request.outputs)}")
-    for output in request.outputs:
-        if output.name != kind.output_name:
-            raise InvalidRequest("outputs", f"unknown output {output.name!r} for input "
-                                 f"{kind.input_name!r}; expected {kind.output_name!r}")
-    raw = _raw_input(request)
+    controls = {control.name: _control_value(control, control_raw, kind)
+                for index, (control, control_raw) in enumerate(zip(request.inputs, raws))
+                if index != prompts[0]}
+    if len(controls) != len(request.inputs) - 1:
+        raise InvalidRequest("inputs", "names an input twice")
+    vllm = triton_vllm.read_options(controls) if controls else None
+    _check_outputs(request, kind, vllm)
     if kind is InputKind.TOKENS:
         prompt: tuple[int, ...] | str = _token_ids(tensor, raw)
     else:
         prompt = _text(tensor, raw)
-    return InferCall(kind=kind, prompt=prompt, parameters=parameters_from_pb(request.parameters),
-                     client_id=request.id)
+    return InferCall(kind=kind, prompt=prompt, client_id=request.id, vllm=vllm,
+                     parameters=parameters_from_pb(request.parameters) if vllm is None
+                     else _vllm_parameters(request.parameters, controls))
+
+
+def _control_value(tensor: pb.ModelInferRequest.InferInputTensor, raw: bytes | None,
+                   kind: InputKind) -> bool | str:
+    """A control tensor's one value."""
+    name = tensor.name
+    if name in triton_vllm.UNSUPPORTED_INPUTS:
+        raise InvalidRequest(name, triton_vllm.UNSUPPORTED_INPUTS[name])
+    if kind is not InputKind.TEXT:
+        raise InvalidRequest(name, "is a vLLM backend input, which goes with text_input")
+    if name == triton_vllm.SAMPLING_INPUT:
+        if tensor.datatype != "BYTES":
+            raise InvalidRequest(name, f"datatype must be BYTES; got {tensor.datatype!r}")
+        return _text(tensor, raw)
+    if tensor.datatype != "BOOL":
+        raise InvalidRequest(name, f"datatype must be BOOL; got {tensor.datatype!r}")
+    return _bool(tensor, raw)
+
+
+def _check_outputs(request: pb.ModelInferRequest, kind: InputKind,
+                   vllm: VllmOptions | None) -> None:
+    known = {kind.output_name, *(vllm.outputs if vllm is not None else ())}
+    names = [output.name for output in request.outputs]
+    if len(names) > len(known) or len(set(names)) != len(names):
+        raise InvalidRequest("outputs", f"expected at most {len(known)} outputs, each once; "
+                             f"got {names}")
+    for name in names:
+        if name not in known:
+            raise InvalidRequest("outputs", f"unknown output {name!r} for input "
+                                 f"{kind.input_name!r}; expected one of {sorted(known)}")
+
+
+def _vllm_parameters(parameters: Mapping[str, pb.InferParameter],
+                     controls: Mapping[str, bool | str]) -> dict[str, object]:
+    """The sampling_parameters tensor's, else the request's parameters read by vLLM's names
+    (as the backend reads them); Triton's priority and timeout keep their meaning."""
+    values = parameter_values(parameters)
+    sampling = controls.get(triton_vllm.SAMPLING_INPUT)
+    if sampling is not None:
+        scheduling = {name: values.pop(name) for name in ("priority", "timeout") if name in values}
+        if values:
+            raise InvalidRequest(next(iter(values)), "is a request parameter beside the "
+                                 "sampling_parameters tensor: send all sampling parameters in it")
+        values = {**triton_vllm.sampling_object(sampling), **scheduling}
+    return _carried(triton_vllm.engine_parameters(values))
 
 
 def check_client_id(client_id: str) -> None:
@@ -131,7 +192,11 @@ def build_engine_request(call: InferCall, request_id: str, encode: Callable[[str
 def parameters_from_pb(parameters: Mapping[str, pb.InferParameter]) -> dict[str, object]:
     """A KServe v2 request's parameters: those of `parameter_values` that its one-sequence,
     tensor-only responses can answer."""
-    values = parameter_values(parameters)
+    return _carried(parameter_values(parameters))
+
+
+def _carried(values: dict[str, object]) -> dict[str, object]:
+    """values, refused if they ask for what KServe v2 responses cannot carry."""
     for name in UNCARRIED_PARAMETERS & values.keys():
         raise InvalidRequest(name, "is not available over KServe v2 gRPC: its responses have no "
                              "place for log-probabilities (switchboard.v1.Generation has)")
@@ -190,9 +255,22 @@ def aggregate(outputs: Iterable[RequestOutput]) -> InferResult:
 
 
 def infer_response(call: InferCall, model_name: str, result: InferResult) -> pb.ModelInferResponse:
-    response = _response(call, model_name, result.token_ids, result.text)
+    prepends = call.vllm is not None and call.vllm.prepend_prompt
+    response = _response(call, model_name, result.token_ids,
+                         f"{call.prompt}{result.text}" if prepends else result.text)
     _set_finish_parameters(response, result.finish_reason, len(result.token_ids), result.seed)
+    _add_vllm_outputs(response, call, result.finish_reason, result.num_prompt_tokens,
+                      len(result.token_ids))
     return response
+
+
+def final_stream_response(call: InferCall, model_name: str,
+                          result: InferResult) -> pb.ModelStreamInferResponse:
+    """The one response of an unstreamed request on ModelStreamInfer (the vLLM backend's
+    `stream` false)."""
+    response = infer_response(call, model_name, result)
+    response.parameters[FINAL_RESPONSE_PARAMETER].bool_param = True
+    return pb.ModelStreamInferResponse(infer_response=response)
 
 
 def stream_response(call: InferCall, model_name: str,
@@ -208,6 +286,8 @@ def stream_response(call: InferCall, model_name: str,
     if output.finish_reason is not None:
         _set_finish_parameters(response, output.finish_reason, output.num_generated_tokens,
                                output.seed)
+    _add_vllm_outputs(response, call, output.finish_reason, output.num_prompt_tokens,
+                      len(output.new_token_ids))
     return pb.ModelStreamInferResponse(infer_response=response)
 
 
@@ -242,6 +322,23 @@ def _response(call: InferCall, model_name: str, token_ids: Iterable[int],
     return response
 
 
+def _add_vllm_outputs(response: pb.ModelInferResponse, call: InferCall,
+                      finish_reason: FinishReason | None, num_input_tokens: int,
+                      num_output_tokens: int) -> None:
+    """The vLLM backend's extra outputs the request asked for (num_output_tokens: this
+    response's)."""
+    if call.vllm is None:
+        return
+    values = {"finish_reason": serialize_bytes([triton_vllm.finish_reason_text(finish_reason)
+                                                .encode()]),
+              "num_input_tokens": np.asarray([num_input_tokens], dtype="<u4").tobytes(),
+              "num_output_tokens": np.asarray([num_output_tokens], dtype="<u4").tobytes()}
+    for name, (_, datatype) in triton_vllm.EXTRA_OUTPUTS.items():
+        if name in call.vllm.outputs:
+            response.outputs.add(name=name, datatype=datatype, shape=[1])
+            response.raw_output_contents.append(values[name])
+
+
 def _set_finish_parameters(response: pb.ModelInferResponse, reason: FinishReason,
                            num_generated_tokens: int, seed: int) -> None:
     response.parameters["finish_reason"].string_param = reason.value
@@ -257,16 +354,18 @@ def _set_timing_parameters(response: pb.ModelInferResponse, timings: RequestTimi
     response.parameters["token_latency_us"].int64_param = round(timings.token_latency * MICROSECONDS)
 
 
-def _raw_input(request: pb.ModelInferRequest) -> bytes | None:
+def _raw_inputs(request: pb.ModelInferRequest) -> list[bytes | None]:
+    """Each input's raw data, None where it comes typed (in `contents`)."""
     if not request.raw_input_contents:
-        return None
+        return [None] * len(request.inputs)
     if len(request.raw_input_contents) != len(request.inputs):
         raise InvalidRequest("raw_input_contents", f"has {len(request.raw_input_contents)} "
                              f"entries for {len(request.inputs)} inputs")
-    if request.inputs[0].HasField("contents"):
-        raise InvalidRequest(request.inputs[0].name, "has both contents and raw_input_contents: "
-                             "send the tensor's data in one of them")
-    return request.raw_input_contents[0]
+    for tensor in request.inputs:
+        if tensor.HasField("contents"):
+            raise InvalidRequest(tensor.name, "has both contents and raw_input_contents: "
+                                 "send the tensor's data in one of them")
+    return list(request.raw_input_contents)
 
 
 def _check_shape(tensor: pb.ModelInferRequest.InferInputTensor, allowed: str) -> int:
@@ -293,6 +392,15 @@ def _token_ids(tensor: pb.ModelInferRequest.InferInputTensor, raw: bytes | None)
             raise InvalidRequest(tensor.name, f"shape {list(tensor.shape)} holds {count} elements; "
                                  f"got {len(ids)} in uint_contents")
     return tuple(ids)
+
+
+def _bool(tensor: pb.ModelInferRequest.InferInputTensor, raw: bytes | None) -> bool:
+    count = _check_shape(tensor, "[1] or [1, 1]")
+    elements = list(raw) if raw is not None else list(tensor.contents.bool_contents)
+    if count != 1 or len(elements) != 1:
+        raise InvalidRequest(tensor.name, f"expected one BOOL element (shape [1]); got shape "
+                             f"{list(tensor.shape)} with {len(elements)} elements")
+    return bool(elements[0])
 
 
 def _text(tensor: pb.ModelInferRequest.InferInputTensor, raw: bytes | None) -> str:

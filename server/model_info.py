@@ -9,6 +9,7 @@ from proto import grpc_service_pb2 as pb
 from proto import model_config_pb2 as mc
 from typing import TYPE_CHECKING
 
+from server import triton_vllm
 from server.codec import InputKind
 
 if TYPE_CHECKING:
@@ -25,7 +26,22 @@ _TENSOR_SHAPES = {
     InputKind.TOKENS: ([-1], [1, -1]),
     InputKind.TEXT: ([1], [1]),
 }
-_CONFIG_TYPES = {"UINT32": mc.TYPE_UINT32, "BYTES": mc.TYPE_STRING}
+_CONFIG_TYPES = {"UINT32": mc.TYPE_UINT32, "BYTES": mc.TYPE_STRING, "BOOL": mc.TYPE_BOOL}
+# Triton's vLLM backend's control inputs and extra outputs (see triton_vllm.py), each [1].
+_VLLM_INPUTS = {**{name: "BOOL" for name in triton_vllm.BOOL_INPUTS},
+                triton_vllm.SAMPLING_INPUT: "BYTES"}
+_VLLM_OUTPUTS = {name: datatype for name, (_, datatype) in triton_vllm.EXTRA_OUTPUTS.items()}
+
+
+def _tensors() -> tuple[list[tuple[str, str, list[int]]], list[tuple[str, str, list[int]]]]:
+    """The model's inputs and outputs: (name, datatype, shape) each."""
+    inputs = [(kind.input_name, kind.datatype, shape)
+              for kind, (shape, _) in _TENSOR_SHAPES.items()]
+    outputs = [(kind.output_name, kind.datatype, shape)
+               for kind, (_, shape) in _TENSOR_SHAPES.items()]
+    inputs += [(name, datatype, [1]) for name, datatype in _VLLM_INPUTS.items()]
+    outputs += [(name, datatype, [1]) for name, datatype in _VLLM_OUTPUTS.items()]
+    return inputs, outputs
 
 
 def server_metadata(version: str) -> pb.ServerMetadataResponse:
@@ -34,22 +50,26 @@ def server_metadata(version: str) -> pb.ServerMetadataResponse:
 
 def model_metadata(model_name: str) -> pb.ModelMetadataResponse:
     response = pb.ModelMetadataResponse(name=model_name, versions=[MODEL_VERSION], platform=PLATFORM)
-    for kind, (input_shape, output_shape) in _TENSOR_SHAPES.items():
-        response.inputs.add(name=kind.input_name, datatype=kind.datatype, shape=input_shape)
-        response.outputs.add(name=kind.output_name, datatype=kind.datatype, shape=output_shape)
+    inputs, outputs = _tensors()
+    for name, datatype, shape in inputs:
+        response.inputs.add(name=name, datatype=datatype, shape=shape)
+    for name, datatype, shape in outputs:
+        response.outputs.add(name=name, datatype=datatype, shape=shape)
     return response
 
 
 def model_config(model_name: str, engine: EngineClient | None) -> pb.ModelConfigResponse:
-    """Both inputs are optional: a request carries one of them. Decoupled, since streaming
-    sends one response per token. Once the model is loaded, `parameters` carry its limits and
-    the engine's static configuration (MindIE's /v1/config reads them)."""
+    """Every input is optional: a request carries input0 or text_input, the latter with the
+    vLLM backend's control inputs or not. Decoupled, since streaming sends one response per
+    token. Once the model is loaded, `parameters` carry its limits and the engine's static
+    configuration (MindIE's /v1/config reads them)."""
     config = mc.ModelConfig(name=model_name, platform=PLATFORM, backend=PLATFORM, max_batch_size=0,
                             model_transaction_policy=mc.ModelTransactionPolicy(decoupled=True))
-    for kind, (input_shape, output_shape) in _TENSOR_SHAPES.items():
-        data_type = _CONFIG_TYPES[kind.datatype]
-        config.input.add(name=kind.input_name, data_type=data_type, dims=input_shape, optional=True)
-        config.output.add(name=kind.output_name, data_type=data_type, dims=output_shape)
+    inputs, outputs = _tensors()
+    for name, datatype, shape in inputs:
+        config.input.add(name=name, data_type=_CONFIG_TYPES[datatype], dims=shape, optional=True)
+    for name, datatype, shape in outputs:
+        config.output.add(name=name, data_type=_CONFIG_TYPES[datatype], dims=shape)
     if engine is not None:
         limits, info = engine.limits, engine.info
         for key, value in (("max_seq_len", limits.max_seq_len),

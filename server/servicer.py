@@ -145,9 +145,14 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         async def serve(request: pb.ModelInferRequest) -> None:
             try:
                 call, events = self._start(request)
+                model_name = self.served.model_name
                 async with contextlib.aclosing(events):
-                    async for event in events:
-                        outbox.put_nowait(codec.stream_response(call, self.served.model_name, event))
+                    if call.streams:
+                        async for event in events:
+                            outbox.put_nowait(codec.stream_response(call, model_name, event))
+                    else:
+                        result = codec.aggregate([event async for event in events])
+                        outbox.put_nowait(codec.final_stream_response(call, model_name, result))
             except EngineError as error:
                 outbox.put_nowait((request, error))
             except Exception:

@@ -6,6 +6,7 @@ define the same `inference.*` protobuf symbols.
 
 from __future__ import annotations
 
+import json
 import queue
 import time
 from collections.abc import Iterator
@@ -19,6 +20,10 @@ MODEL = "smollm2"
 # MindIE's token-inference example request (its Triton token interface documentation).
 MINDIE_TOKEN_IDS = [396, 319, 13996, 29877, 29901, 29907, 3333, 20718, 316, 23924]
 STREAM_TIMEOUT_S = 120
+# Triton's vLLM backend's optional inputs (its model.py).
+VLLM_CONTROL_INPUTS = {"stream": "BOOL", "exclude_input_in_output": "BOOL",
+                       "sampling_parameters": "BYTES", "return_finish_reason": "BOOL",
+                       "return_num_input_tokens": "BOOL", "return_num_output_tokens": "BOOL"}
 
 
 def make_client(address: str, files) -> grpcclient.InferenceServerClient:
@@ -56,8 +61,11 @@ def test_health_and_metadata(client) -> None:
     assert client.is_model_ready(MODEL)
     assert client.get_server_metadata().name == "switchboard"
     metadata = client.get_model_metadata(MODEL)
-    assert {t.name: t.datatype for t in metadata.inputs} == {"input0": "UINT32", "text_input": "BYTES"}
-    assert {t.name: t.datatype for t in metadata.outputs} == {"output0": "UINT32", "text_output": "BYTES"}
+    assert {t.name: t.datatype for t in metadata.inputs} == {
+        "input0": "UINT32", "text_input": "BYTES", **VLLM_CONTROL_INPUTS}
+    assert {t.name: t.datatype for t in metadata.outputs} == {
+        "output0": "UINT32", "text_output": "BYTES", "finish_reason": "BYTES",
+        "num_input_tokens": "UINT32", "num_output_tokens": "UINT32"}
     config = client.get_model_config(MODEL).config
     assert config.name == MODEL
     assert config.model_transaction_policy.decoupled
@@ -150,6 +158,43 @@ def test_stream_sends_one_response_per_token_and_matches_unary(grpc_server, clie
     assert all(r.get_response().id == "s1" for r in responses)
     streamed = "".join(r.as_numpy("text_output")[0].decode() for r in responses)
     assert streamed == generate_text(client, prompt, **parameters)
+
+
+def vllm_inputs(prompt: str, sampling: dict[str, str], **controls: bool
+                ) -> list[grpcclient.InferInput]:
+    """As the vLLM backend's sample client (samples/client.py) builds a request."""
+    inputs = [text_input(prompt)]
+    for name, value in controls.items():
+        tensor = grpcclient.InferInput(name, [1], "BOOL")
+        tensor.set_data_from_numpy(np.array([value], dtype=bool))
+        inputs.append(tensor)
+    parameters = grpcclient.InferInput("sampling_parameters", [1], "BYTES")
+    parameters.set_data_from_numpy(np.array([json.dumps(sampling).encode()], dtype=np.object_))
+    return [*inputs, parameters]
+
+
+def test_a_vllm_backend_client_is_served(grpc_server, client_files, client) -> None:
+    """Triton's vLLM backend's interface: unstreamed, one response with the prompt and the
+    text; streamed, the new text in parts; vLLM's parameter names, numbers as strings."""
+    prompt = "The capital of France is"
+    greedy = generate_text(client, prompt, do_sample=False, max_new_tokens=8)
+    sampling = {"temperature": "0", "max_tokens": "8", "ignore_eos": "true"}
+    [whole] = stream(grpc_server.address, client_files, [{
+        "inputs": vllm_inputs(prompt, sampling, stream=False, return_finish_reason=True,
+                              return_num_input_tokens=True, return_num_output_tokens=True),
+        "request_id": "whole"}])
+    assert whole.as_numpy("text_output")[0].decode() == prompt + greedy
+    assert whole.as_numpy("finish_reason")[0].decode() == "length"
+    assert (whole.as_numpy("num_input_tokens")[0], whole.as_numpy("num_output_tokens")[0]) == \
+        (5, 8)
+    parts = stream(grpc_server.address, client_files, [{
+        "inputs": vllm_inputs(prompt, sampling, stream=True, exclude_input_in_output=True),
+        "request_id": "parts"}])
+    assert len(parts) == 8
+    assert "".join(part.as_numpy("text_output")[0].decode() for part in parts) == greedy
+    [refused] = stream(grpc_server.address, client_files, [{
+        "inputs": vllm_inputs(prompt, {"top_p": "1.5"}), "request_id": "bad"}])
+    assert isinstance(refused, InferenceServerException) and "top_p" in refused.message()
 
 
 def test_stream_reports_a_bad_request_in_band_and_serves_the_next(grpc_server, client_files) -> None:

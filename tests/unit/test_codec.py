@@ -41,14 +41,19 @@ def token_request(tokens: list[int] = TOKENS, *, raw: bool = True, shape: list[i
 def text_request(*, raw: bool = True, shape: list[int] | None = None,
                  data: bytes | None = None) -> pb.ModelInferRequest:
     request = pb.ModelInferRequest(model_name="smollm2", id="client-7")
-    tensor = request.inputs.add(name="text_input", datatype="BYTES",
-                                shape=shape if shape is not None else [1])
-    encoded = TEXT.encode()
-    if raw:
-        request.raw_input_contents.append(data if data is not None else serialize_bytes([encoded]))
-    else:
-        tensor.contents.bytes_contents.append(encoded)
+    add_string(request, "text_input", TEXT.encode(), raw=raw, shape=shape, data=data)
     return request
+
+
+def add_string(request: pb.ModelInferRequest, name: str, element: bytes, *, raw: bool = True,
+               shape: list[int] | None = None, data: bytes | None = None) -> None:
+    """A BYTES input of one element; `data`: raw bytes sent instead of it."""
+    tensor = request.inputs.add(name=name, datatype="BYTES",
+                                shape=shape if shape is not None else [1])
+    if raw:
+        request.raw_input_contents.append(data if data is not None else serialize_bytes([element]))
+    else:
+        tensor.contents.bytes_contents.append(element)
 
 
 def rejection(request: pb.ModelInferRequest) -> InvalidRequest:

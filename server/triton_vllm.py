@@ -1,0 +1,126 @@
+"""Triton's vLLM backend interface, over KServe v2 (vllm_backend's `model.py` and
+`utils/request.py`), so that its clients work unchanged.
+
+A request sends `text_input` with any of the backend's optional control tensors: `stream`
+(BOOL: a response per step rather than one at the end), `exclude_input_in_output` (BOOL;
+unstreamed, the prompt leads the output unless it is true; streamed, it must not be false),
+`sampling_parameters` (a JSON object of vLLM's SamplingParams, numbers possibly as strings;
+without it, the request's parameters are read by the same names), and `return_finish_reason`,
+`return_num_input_tokens`, `return_num_output_tokens` (BOOL), which add the outputs
+`finish_reason` (vLLM's "length", "stop" or "abort"; "None" until the end), `num_input_tokens`
+and `num_output_tokens` (of that response) beside `text_output`. vLLM's defaults hold:
+16 new tokens, sampling at temperature 1 (temperature 0 is greedy, top_k -1 no cut).
+
+`text_input` alone stays MindIE's text interface (no prompt in the output, MindIE's parameter
+names): the two cannot be told apart without a control tensor.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from engine.errors import InvalidRequest
+from engine.request import FinishReason
+
+BOOL_INPUTS = ("stream", "exclude_input_in_output", "return_finish_reason",
+               "return_num_input_tokens", "return_num_output_tokens")
+SAMPLING_INPUT = "sampling_parameters"
+# The backend's inputs that are refused here, and why.
+UNSUPPORTED_INPUTS = {
+    "return_logprobs": "log-probabilities are not available over KServe v2 here "
+                       "(switchboard.v1.Generation has them)",
+    "return_cumulative_logprob": "log-probabilities are not available over KServe v2 here "
+                                 "(switchboard.v1.Generation has them)",
+    "image": "the served model takes text only",
+    "embedding_request": "the served model generates text; it makes no embeddings",
+}
+CONTROL_INPUTS = (*BOOL_INPUTS, SAMPLING_INPUT)
+INPUTS = frozenset({*CONTROL_INPUTS, *UNSUPPORTED_INPUTS})
+# Each extra output: the input that asks for it, and its datatype.
+EXTRA_OUTPUTS = {"finish_reason": ("return_finish_reason", "BYTES"),
+                 "num_input_tokens": ("return_num_input_tokens", "UINT32"),
+                 "num_output_tokens": ("return_num_output_tokens", "UINT32")}
+FINISH_REASONS = {FinishReason.LENGTH: "length", FinishReason.EOS: "stop",
+                  FinishReason.STOP: "stop", FinishReason.STOPPED: "abort"}
+NAMES = {"max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens"}
+DEFAULT_MAX_TOKENS = 16  # vLLM's SamplingParams default
+# vLLM's SamplingParams fields by type, for values sent as strings (its samples send them so).
+INT_FIELDS = frozenset({"max_tokens", "min_tokens", "top_k", "seed", "n", "best_of"})
+FLOAT_FIELDS = frozenset({"temperature", "top_p", "min_p", "presence_penalty",
+                          "frequency_penalty", "repetition_penalty"})
+BOOL_FIELDS = frozenset({"ignore_eos", "skip_special_tokens", "include_stop_str_in_output"})
+
+
+@dataclass(frozen=True, slots=True)
+class VllmOptions:
+    """What a request's control tensors ask for."""
+
+    stream: bool
+    prepend_prompt: bool
+    outputs: frozenset[str]  # the extra outputs, by name
+
+
+def read_options(controls: Mapping[str, bool | str]) -> VllmOptions:
+    """controls: the request's control tensors' values, by name (BOOL ones as bools)."""
+    stream = bool(controls.get("stream", False))
+    exclude = controls.get("exclude_input_in_output")
+    if stream and exclude is False:
+        raise InvalidRequest("exclude_input_in_output", "must not be false when streaming: "
+                             "the prompt cannot lead a stream of new text")
+    return VllmOptions(
+        stream=stream, prepend_prompt=not stream and not exclude,
+        outputs=frozenset(name for name, (asking, _) in EXTRA_OUTPUTS.items()
+                          if controls.get(asking)))
+
+
+def sampling_object(text: str) -> dict[str, object]:
+    """The `sampling_parameters` tensor's JSON object."""
+    try:
+        values = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise InvalidRequest(SAMPLING_INPUT, f"is not JSON: {error}") from None
+    if not isinstance(values, dict):
+        raise InvalidRequest(SAMPLING_INPUT, "must be a JSON object of sampling parameters")
+    return values
+
+
+def engine_parameters(values: Mapping[str, object]) -> dict[str, object]:
+    """vLLM's sampling parameters under the engine's names, with vLLM's defaults; strings of
+    numbers and booleans become them. Null values are left out, as the backend does."""
+    result: dict[str, object] = {}
+    for name, value in values.items():
+        if value is not None:
+            result[NAMES.get(name, name)] = _typed(name, value)
+    result.setdefault("max_new_tokens", DEFAULT_MAX_TOKENS)
+    if result.get("temperature") == 0:
+        del result["temperature"]
+        result["do_sample"] = False
+    else:
+        result.setdefault("do_sample", True)
+    if result.get("top_k") == -1:
+        result["top_k"] = 0
+    return result
+
+
+def finish_reason_text(reason: FinishReason | None) -> str:
+    """As vLLM's backend writes it: str() of vLLM's reason, "None" before the end."""
+    return "None" if reason is None else FINISH_REASONS[reason]
+
+
+def _typed(name: str, value: object) -> object:
+    if not isinstance(value, str):
+        return value
+    try:
+        if name in INT_FIELDS:
+            return int(value)
+        if name in FLOAT_FIELDS:
+            return float(value)
+    except ValueError:
+        raise InvalidRequest(name, f"must be a number; got {value!r}") from None
+    if name in BOOL_FIELDS:
+        if value.lower() not in ("true", "false"):
+            raise InvalidRequest(name, f"must be true or false; got {value!r}")
+        return value.lower() == "true"
+    return value
