@@ -23,16 +23,17 @@ from dataclasses import dataclass
 
 from engine.errors import InvalidRequest
 from engine.request import FinishReason
+from proto import vllm_sampling
 
 BOOL_INPUTS = ("stream", "exclude_input_in_output", "return_finish_reason",
                "return_num_input_tokens", "return_num_output_tokens")
 SAMPLING_INPUT = "sampling_parameters"
+NO_LOGPROBS = ("log-probabilities are not available over KServe v2 here "
+               "(switchboard.v1.Generation has them)")
 # The backend's inputs that are refused here, and why.
 UNSUPPORTED_INPUTS = {
-    "return_logprobs": "log-probabilities are not available over KServe v2 here "
-                       "(switchboard.v1.Generation has them)",
-    "return_cumulative_logprob": "log-probabilities are not available over KServe v2 here "
-                                 "(switchboard.v1.Generation has them)",
+    "return_logprobs": NO_LOGPROBS,
+    "return_cumulative_logprob": NO_LOGPROBS,
     "image": "the served model takes text only",
     "embedding_request": "the served model generates text; it makes no embeddings",
 }
@@ -44,8 +45,6 @@ EXTRA_OUTPUTS = {"finish_reason": ("return_finish_reason", "BYTES"),
                  "num_output_tokens": ("return_num_output_tokens", "UINT32")}
 FINISH_REASONS = {FinishReason.LENGTH: "length", FinishReason.EOS: "stop",
                   FinishReason.STOP: "stop", FinishReason.STOPPED: "abort"}
-NAMES = {"max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens"}
-DEFAULT_MAX_TOKENS = 16  # vLLM's SamplingParams default
 # vLLM's SamplingParams fields by type, for values sent as strings (its samples send them so).
 INT_FIELDS = frozenset({"max_tokens", "min_tokens", "top_k", "seed", "n", "best_of"})
 FLOAT_FIELDS = frozenset({"temperature", "top_p", "min_p", "presence_penalty",
@@ -89,18 +88,9 @@ def sampling_object(text: str) -> dict[str, object]:
 def engine_parameters(values: Mapping[str, object]) -> dict[str, object]:
     """vLLM's sampling parameters under the engine's names, with vLLM's defaults; strings of
     numbers and booleans become them. Null values are left out, as the backend does."""
-    result: dict[str, object] = {}
-    for name, value in values.items():
-        if value is not None:
-            result[NAMES.get(name, name)] = _typed(name, value)
-    result.setdefault("max_new_tokens", DEFAULT_MAX_TOKENS)
-    if result.get("temperature") == 0:
-        del result["temperature"]
-        result["do_sample"] = False
-    else:
-        result.setdefault("do_sample", True)
-    if result.get("top_k") == -1:
-        result["top_k"] = 0
+    result = {vllm_sampling.NAMES.get(name, name): _typed(name, value)
+              for name, value in values.items() if value is not None}
+    vllm_sampling.apply_vllm_defaults(result)
     return result
 
 

@@ -28,14 +28,13 @@ from gateway.protocols.openai import chat_messages
 from gateway.protocols.parameters import UINT32_MAX, json_type
 from gateway.protocols.tgi import HTTP_STATUS as TGI_HTTP_STATUS
 from proto import switchboard_pb2 as sb
+from proto import vllm_sampling
 
-DEFAULT_MAX_TOKENS = 16  # vLLM's SamplingParams default
 DELIMITER = b"\n"
 # JSON objects each followed by a newline are not one JSON document: vLLM's demo server sends no
 # content type for it; this says "bytes" rather than claiming JSON.
 STREAM_CONTENT_TYPE = "application/octet-stream"
-NAMES = {"max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens",
-         "truncate_prompt_tokens": "truncate"}
+NAMES = {**vllm_sampling.NAMES, "truncate_prompt_tokens": "truncate"}
 DETOKENIZE_NAMES = {"tokens": "token_ids"}
 # TGI's statuses (the route is shared), but a full queue is 503: 429 is TGI's alone.
 HTTP_STATUS = {**TGI_HTTP_STATUS, grpc.StatusCode.RESOURCE_EXHAUSTED: 503}
@@ -52,17 +51,9 @@ def generate_request_to_pb(document: object) -> tuple[sb.GenerateRequest, str, b
     prompt = required_string(document, "prompt")
     refuse_unknown(document, SAMPLING_FIELDS | {"prompt", "stream"}, "sampling parameter")
     values = renamed({name: document.get(name) for name in SAMPLING_FIELDS}, NAMES)
-    values.setdefault("max_new_tokens", DEFAULT_MAX_TOKENS)
     if "seed" in values:
         values["seed"] = int64_seed(values["seed"])
-    # vLLM: temperature 0 is greedy, top_k -1 (or 0) no cut; sampling is the default.
-    if values.get("temperature") == 0:
-        del values["temperature"]
-        values["do_sample"] = False
-    else:
-        values["do_sample"] = True
-    if values.get("top_k") == -1:
-        values["top_k"] = 0
+    vllm_sampling.apply_vllm_defaults(values)
     request, deadline_s = generate_request("", prompt, values, names=NAMES)
     return request, prompt, optional_bool(document, "stream"), deadline_s
 

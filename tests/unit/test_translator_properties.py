@@ -28,6 +28,7 @@ from gateway.errors import RequestError
 from gateway.protocols import kserve, mindie, mindie_management, openai, tgi, triton, vllm
 from gateway.protocols.parameters import (INT64_MAX, MICROSECONDS, UINT32_MAX, UINT64_MAX,
                                           UPSTREAM_GRACE_S, parameter_value)
+from proto import vllm_sampling
 from proto.tensor_bytes import deserialize_bytes
 
 PROPERTY = settings(max_examples=100, deadline=None, database=None)
@@ -425,7 +426,7 @@ def test_vllm_round_trip(prompt: str, temperature: float, top_k: int, max_tokens
     assert (request.text, echoed, streamed) == (prompt, prompt, stream)
     expected = {"top_k": 0 if top_k == -1 else top_k, "seed": seed % 2**64,
                 "stop": _as_list(stop),
-                "max_new_tokens": vllm.DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
+                "max_new_tokens": vllm_sampling.DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
                 "do_sample": temperature != 0}
     if temperature != 0:
         expected["temperature"] = temperature
