@@ -38,6 +38,7 @@ from gateway.protocols.mindie_management import MAX_HEALTH_TIMEOUT_S
 from gateway.protocols.parameters import MAX_DEADLINE_S as MAX_TIMEOUT_S
 from gateway.protocols.parameters import INT64_MAX, UINT32_MAX, UINT64_MAX
 from gateway.sse import CONTENT_TYPE as SSE_CONTENT_TYPE
+from proto.vllm_backend_tensors import CONTROL_INPUTS
 
 JSON = dict[str, Any]
 INT32_MAX = 2**31 - 1
@@ -203,6 +204,9 @@ TEXT_PART = obj({"type": only("text", STRING), "text": STRING}, ["type", "text"]
 MESSAGE = obj({"role": {"type": "string",
                         "enum": ["system", "developer", "user", "assistant", "tool"]},
                "content": nullable({"oneOf": [STRING, array(TEXT_PART)]})}, ["role"])
+# Triton's vLLM backend interface's inputs beside text_input (a JSON value, or an array of one).
+VLLM_BACKEND_INPUTS: dict[str, JSON] = {
+    name: BOOLEAN if datatype == "BOOL" else STRING for name, datatype in CONTROL_INPUTS.items()}
 # A prompt: at least one token.
 PROMPT = TEXT
 PROMPT_IDS = array(TOKEN_ID, minItems=1)
@@ -228,9 +232,12 @@ REQUESTS: dict[str, JSON] = {
                               "parameters": obj({"binary_data": BOOLEAN}, closed=True)},
                              ["name"], closed=True), maxItems=1),
     }, ["inputs"], closed=True),
-    # Triton's generate extension: top-level fields other than these are parameters too.
+    # Triton's generate extension: top-level fields other than these are parameters too; those
+    # named as the vLLM backend interface's inputs are those tensors.
+    "GenerateParameters": obj(optional({**PARAMETERS, **VLLM_BACKEND_INPUTS}), closed=True),
     "GenerateRequest": obj({"id": nullable(REQUEST_ID), "text_input": PROMPT,
-                            "parameters": nullable(ref("Parameters")), **optional(PARAMETERS)},
+                            "parameters": nullable(ref("GenerateParameters")),
+                            **optional({**PARAMETERS, **VLLM_BACKEND_INPUTS})},
                            ["text_input"], closed=True),
     "StopInferRequest": obj({"id": REQUEST_ID}, ["id"]),
     "TgiParameters": obj(optional(TGI_PARAMETERS), closed=True),
@@ -336,7 +343,9 @@ REPLIES: dict[str, JSON] = {
                         "decode_cost": nullable(number(0)),
                         "perf_stat": array(array(number(), minItems=2, maxItems=2))},
                        ["generated_tokens", "first_token_cost", "decode_cost"]),
-    }, ["id", "model_name", "model_version", "text_output"]),
+        # The vLLM backend interface's outputs (Triton's reply: no id when the request has none).
+        "finish_reason": STRING, **counts("num_input_tokens", "num_output_tokens"),
+    }, ["model_name", "model_version", "text_output"]),
     "StopInferResponse": obj({"id": STRING, **counts("num_stopped")}, ["id", "num_stopped"]),
     "SlotCount": obj(counts("total_slots", "free_slots", "available_tokens_length"),
                      ["total_slots", "free_slots", "available_tokens_length"]),

@@ -94,31 +94,33 @@ class GenerateHandler(Handler):
     """/generate: the stream's responses aggregated into one reply."""
 
     runs_inference = True
+    streams = False
 
     async def post(self, model: str, version: str | None = None) -> None:
-        request, options = triton.generate_request_to_pb(model, version or "",
-                                                         kserve.parse_json(self.body))
-        stream = triton.GenerateStream(options)
-        async for response in self.track(self._stream_call(request, options)):
+        call, stream = self._start(model, version)
+        async for response in call:
             stream.add(response.infer_response)
         self.write_json(stream.reply())
 
-    def _stream_call(self, request: pb.ModelInferRequest,
-                     options: triton.GenerateOptions) -> grpc.aio.StreamStreamCall:
-        return self.upstream.inference.ModelStreamInfer(iter([request]), timeout=options.deadline_s,
+    def _start(self, model: str, version: str | None
+               ) -> tuple[grpc.aio.StreamStreamCall, triton.GenerateStream | triton.TritonReplies]:
+        request, options = triton.generate_request_to_pb(model, version or "",
+                                                         kserve.parse_json(self.body),
+                                                         self.streams)
+        call = self.upstream.inference.ModelStreamInfer(iter([request]), timeout=options.deadline_s,
                                                         metadata=STATUS_ERRORS)
+        return self.track(call), triton.reply_stream(options)
 
 
 class GenerateStreamHandler(GenerateHandler):
-    """/generate_stream: one SSE event per token. An error before the first event is an HTTP
+    """/generate_stream: one SSE event per response. An error before the first event is an HTTP
     error; after it, an `{"error": ...}` event ends the stream (Triton's generate extension)."""
 
+    streams = True
+
     async def post(self, model: str, version: str | None = None) -> None:
-        request, options = triton.generate_request_to_pb(model, version or "",
-                                                         kserve.parse_json(self.body))
-        stream = triton.GenerateStream(options)
-        await self.relay(self.track(self._stream_call(request, options)),
-                         lambda response: [sse_event(stream.add(response.infer_response))])
+        call, stream = self._start(model, version)
+        await self.relay(call, lambda response: [sse_event(stream.add(response.infer_response))])
 
 
 class StopInferHandler(Handler):

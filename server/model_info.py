@@ -7,9 +7,9 @@ from engine.protocol import EngineClient
 from engine.validation import MAX_SEQUENCES, MAX_STOP_SEQUENCES, MAX_TOP_LOGPROBS
 from proto import grpc_service_pb2 as pb
 from proto import model_config_pb2 as mc
+from proto.vllm_backend_tensors import CONTROL_INPUTS, EXTRA_OUTPUTS
 from typing import TYPE_CHECKING
 
-from server import triton_vllm
 from server.codec import InputKind
 
 if TYPE_CHECKING:
@@ -27,10 +27,7 @@ _TENSOR_SHAPES = {
     InputKind.TEXT: ([1], [1]),
 }
 _CONFIG_TYPES = {"UINT32": mc.TYPE_UINT32, "BYTES": mc.TYPE_STRING, "BOOL": mc.TYPE_BOOL}
-# Triton's vLLM backend's control inputs and extra outputs (see triton_vllm.py), each [1].
-_VLLM_INPUTS = {**{name: "BOOL" for name in triton_vllm.BOOL_INPUTS},
-                triton_vllm.SAMPLING_INPUT: "BYTES"}
-_VLLM_OUTPUTS = {name: datatype for name, (_, datatype) in triton_vllm.EXTRA_OUTPUTS.items()}
+_VLLM_OUTPUTS = {name: datatype for name, (_, datatype) in EXTRA_OUTPUTS.items()}
 
 
 def _tensors() -> tuple[list[tuple[str, str, list[int]]], list[tuple[str, str, list[int]]]]:
@@ -39,7 +36,7 @@ def _tensors() -> tuple[list[tuple[str, str, list[int]]], list[tuple[str, str, l
               for kind, (shape, _) in _TENSOR_SHAPES.items()]
     outputs = [(kind.output_name, kind.datatype, shape)
                for kind, (_, shape) in _TENSOR_SHAPES.items()]
-    inputs += [(name, datatype, [1]) for name, datatype in _VLLM_INPUTS.items()]
+    inputs += [(name, datatype, [1]) for name, datatype in CONTROL_INPUTS.items()]
     outputs += [(name, datatype, [1]) for name, datatype in _VLLM_OUTPUTS.items()]
     return inputs, outputs
 

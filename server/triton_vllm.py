@@ -24,10 +24,9 @@ from dataclasses import dataclass
 from engine.errors import InvalidRequest
 from engine.request import FinishReason
 from proto import vllm_sampling
+from proto.vllm_backend_tensors import CONTROL_INPUTS, EXTRA_OUTPUTS, SAMPLING_INPUT
 
-BOOL_INPUTS = ("stream", "exclude_input_in_output", "return_finish_reason",
-               "return_num_input_tokens", "return_num_output_tokens")
-SAMPLING_INPUT = "sampling_parameters"
+BOOL_INPUTS = tuple(name for name, datatype in CONTROL_INPUTS.items() if datatype == "BOOL")
 NO_LOGPROBS = ("log-probabilities are not available over KServe v2 here "
                "(switchboard.v1.Generation has them)")
 # The backend's inputs that are refused here, and why.
@@ -37,12 +36,7 @@ UNSUPPORTED_INPUTS = {
     "image": "the served model takes text only",
     "embedding_request": "the served model generates text; it makes no embeddings",
 }
-CONTROL_INPUTS = (*BOOL_INPUTS, SAMPLING_INPUT)
 INPUTS = frozenset({*CONTROL_INPUTS, *UNSUPPORTED_INPUTS})
-# Each extra output: the input that asks for it, and its datatype.
-EXTRA_OUTPUTS = {"finish_reason": ("return_finish_reason", "BYTES"),
-                 "num_input_tokens": ("return_num_input_tokens", "UINT32"),
-                 "num_output_tokens": ("return_num_output_tokens", "UINT32")}
 FINISH_REASONS = {FinishReason.LENGTH: "length", FinishReason.EOS: "stop",
                   FinishReason.STOP: "stop", FinishReason.STOPPED: "abort"}
 # vLLM's SamplingParams fields by type, for values sent as strings (its samples send them so).

@@ -150,7 +150,7 @@ def infer_response_to_http(response: pb.ModelInferResponse, options: OutputOptio
             output["parameters"] = {"binary_data_size": len(raw)}
             binary.append(raw)
         else:
-            output["data"] = _tensor_json(tensor.datatype, raw)
+            output["data"] = tensor_json(tensor.datatype, raw)
         outputs.append(output)
     document["outputs"] = outputs
     header = json.dumps(document).encode()
@@ -266,10 +266,10 @@ def _input_tensor(request: pb.ModelInferRequest, tensor: Mapping[str, object], p
         return binary[offset:offset + size], offset + size
     if "data" not in tensor:
         raise bad_request(name, "needs `data`, or `parameters.binary_data_size` with binary data")
-    return _encode(name, datatype, tensor["data"]), offset
+    return encode_tensor(name, datatype, tensor["data"]), offset
 
 
-def _encode(name: str, datatype: str, data: object) -> bytes:
+def encode_tensor(name: str, datatype: str, data: object) -> bytes:
     """JSON tensor data (flat or nested, row-major) → raw bytes of the datatype."""
     values = list(_flatten(data if isinstance(data, list) else [data]))
     if datatype == "BYTES":
@@ -302,7 +302,7 @@ def _flatten(data: list[object]) -> Iterator[object]:
             yield item
 
 
-def _tensor_json(datatype: str, raw: bytes) -> list[object]:
+def tensor_json(datatype: str, raw: bytes) -> list[object]:
     if datatype == "BYTES":
         return [element.decode("utf-8", errors="replace") for element in deserialize_bytes(raw)]
     return np.frombuffer(raw, dtype=np.dtype(NUMPY_TYPES[datatype])).tolist()

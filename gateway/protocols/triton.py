@@ -1,12 +1,22 @@
-"""Triton's generate extension as MindIE documents it: POST /v2/models/{M}/generate and
-/generate_stream ⇄ one text_input request on KServe v2 ModelStreamInfer.
+"""Triton's generate extension as MindIE documents it, and with Triton's vLLM backend
+interface: POST /v2/models/{M}/generate and /generate_stream ⇄ one text_input request on KServe
+v2 ModelStreamInfer.
 
-Request `{"id", "text_input", "parameters": {...}}` (other top-level properties are
-parameters too, as Triton's generate extension says). Response `{"id", "model_name",
+Request `{"id", "text_input", "parameters": {...}}`; other top-level properties count as in
+`parameters`. As Triton does with a model's inputs, a property named as an input of the vLLM
+backend interface (`stream`, `exclude_input_in_output`, `sampling_parameters`, `return_*`: see
+proto/vllm_backend_tensors.py) is sent as that input tensor, the others as request parameters.
+
+Without such inputs the request speaks MindIE's text interface. Response `{"id", "model_name",
 "model_version", "text_output", "details": {"finish_reason", "generated_tokens",
 "first_token_cost", "decode_cost", "perf_stat"?}}`; the stream sends one event per token
 with the running details, `prefill_time` (ms) on the first and `decode_time` (ms) on the
 others, `finish_reason` on the last.
+
+With them it speaks the vLLM backend's (its parameters by vLLM's names), and each response is
+Triton's: `{"id"?, "model_name", "model_version", "text_output"}` with each further output
+(`finish_reason`, `num_input_tokens`, `num_output_tokens`) under its name; /generate needs
+`stream` false, as Triton answers it once.
 """
 
 from __future__ import annotations
@@ -14,10 +24,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gateway.errors import bad_request
-from gateway.protocols.kserve import optional_string, parameters_to_json, require_object
+from gateway.protocols.kserve import (encode_tensor, optional_string, parameters_to_json,
+                                     require_object, tensor_json)
 from gateway.protocols.parameters import set_parameters
 from proto import grpc_service_pb2 as pb
-from proto.tensor_bytes import deserialize_bytes, serialize_bytes
+from proto.tensor_bytes import deserialize_bytes
+from proto.vllm_backend_tensors import CONTROL_INPUTS
 
 # Rendering options: they shape the reply here and are also sent on (the server accepts them).
 RENDERING_OPTIONS = ("details", "perf_stat")
@@ -28,29 +40,74 @@ class GenerateOptions:
     details: bool
     perf_stat: bool
     deadline_s: float
+    vllm: bool = False  # the vLLM backend interface: Triton's responses
 
 
-def generate_request_to_pb(model: str, version: str, document: object
+def generate_request_to_pb(model: str, version: str, document: object, route_streams: bool
                            ) -> tuple[pb.ModelInferRequest, GenerateOptions]:
+    """route_streams: the request came to /generate_stream."""
     document = require_object(document, "the body")
     text = document.get("text_input")
     if not isinstance(text, str):
         raise bad_request("text_input", "must be a string")
-    parameters = dict(require_object(document.get("parameters") or {}, "parameters"))
+    fields = dict(require_object(document.get("parameters") or {}, "parameters"))
     for name, value in document.items():
         if name not in ("id", "text_input", "parameters"):
-            parameters.setdefault(name, value)
-    options = {name: False if parameters.get(name) is None else parameters[name]
+            fields.setdefault(name, value)
+    named = {name: fields.pop(name) for name in CONTROL_INPUTS if name in fields}
+    tensors = {name: value for name, value in named.items() if value is not None}  # null: absent
+    options = {name: False if fields.get(name) is None else fields[name]
                for name in RENDERING_OPTIONS}
     for name, value in options.items():
         if not isinstance(value, bool):
             raise bad_request(name, "must be a boolean")
+        if value and tensors:
+            raise bad_request(name, f"is MindIE's; with the vLLM backend's inputs "
+                              f"({', '.join(tensors)}) the reply is Triton's, without details")
+    if tensors.get("stream") is True and not route_streams:
+        raise bad_request("stream", "must be false on /generate, which answers once "
+                          "(/generate_stream streams)")
     request = pb.ModelInferRequest(model_name=model, model_version=version,
                                    id=optional_string(document, "id"))
-    request.inputs.add(name="text_input", datatype="BYTES", shape=[1])
-    request.raw_input_contents.append(serialize_bytes([text.encode()]))
-    deadline_s = set_parameters(request.parameters, parameters)
-    return request, GenerateOptions(deadline_s=deadline_s, **options)
+    _add_input(request, "text_input", "BYTES", text)
+    for name, value in tensors.items():
+        _add_input(request, name, CONTROL_INPUTS[name], value)
+    deadline_s = set_parameters(request.parameters, fields)
+    return request, GenerateOptions(deadline_s=deadline_s, vllm=bool(tensors), **options)
+
+
+def _add_input(request: pb.ModelInferRequest, name: str, datatype: str, value: object) -> None:
+    """A [1] tensor of a JSON value, or of an array of one."""
+    values = value if isinstance(value, list) else [value]
+    if len(values) != 1:
+        raise bad_request(name, f"must be one value; got {len(values)}")
+    request.inputs.add(name=name, datatype=datatype, shape=[1])
+    request.raw_input_contents.append(encode_tensor(name, datatype, values))
+
+
+def reply_stream(options: GenerateOptions) -> GenerateStream | TritonReplies:
+    """What turns the request's responses into stream events and the final reply."""
+    return TritonReplies() if options.vllm else GenerateStream(options)
+
+
+class TritonReplies:
+    """Triton's generate responses: one per response, each output under its name (a value
+    of one element unwrapped); the reply is the one response /generate gets."""
+
+    def __init__(self) -> None:
+        self.last: dict[str, object] = {}
+
+    def add(self, response: pb.ModelInferResponse) -> dict[str, object]:
+        self.last = {"model_name": response.model_name, "model_version": response.model_version}
+        if response.id:
+            self.last["id"] = response.id
+        for tensor, raw in zip(response.outputs, response.raw_output_contents):
+            values = tensor_json(tensor.datatype, raw)
+            self.last[tensor.name] = values[0] if len(values) == 1 else values
+        return self.last
+
+    def reply(self) -> dict[str, object]:
+        return self.last
 
 
 @dataclass(slots=True)

@@ -106,6 +106,38 @@ def test_generate_with_logit_changing_parameters(gateway, client_files, paramete
     assert reply.json()["text_output"]
 
 
+def test_curl_generate_speaks_the_vllm_backends_interface(gateway, client_files) -> None:
+    """Triton's generate extension's example (the vLLM backend's quickstart too): `stream` in
+    `parameters` is that backend's input tensor, so the request speaks its interface: the
+    prompt leads the text, 16 tokens, temperature 0 greedy; replies are Triton's."""
+    prompt = "The capital of France is"
+    mindie = curl_with(client_files, business(gateway, model_path("generate")), body={
+        "text_input": prompt, "parameters": {"max_new_tokens": 16, "do_sample": False}})
+    greedy = mindie.json()["text_output"]
+    assert "Paris" in greedy
+
+    whole = curl_with(client_files, business(gateway, model_path("generate")), body={
+        "text_input": prompt, "parameters": {"stream": False, "temperature": 0}})
+    assert whole.status == 200, whole.body
+    assert whole.json() == {"model_name": MODEL, "model_version": "1",
+                            "text_output": prompt + greedy}
+
+    streamed = curl_with(client_files, business(gateway, model_path("generate_stream")), body={
+        "text_input": prompt, "parameters": {"stream": True, "temperature": 0},
+        "return_finish_reason": True, "return_num_output_tokens": True}, stream=True)
+    assert streamed.status == 200, streamed.body
+    events = streamed.events()
+    assert "".join(event["text_output"] for event in events) == greedy
+    reasons = [event["finish_reason"] for event in events]
+    assert reasons[:-1] == ["None"] * (len(events) - 1) and reasons[-1] in ("length", "stop")
+    if reasons[-1] == "length":
+        assert sum(event["num_output_tokens"] for event in events) == 16
+
+    refused = curl_with(client_files, business(gateway, model_path("generate")),
+                        body={"text_input": prompt, "stream": True})
+    assert refused.status == 400 and refused.json()["error"].startswith("stream: ")
+
+
 # 2. tritonclient.http over mutual TLS ---------------------------------------------------------
 
 @pytest.fixture(scope="module")

@@ -36,6 +36,7 @@ def test_readme_curl_calls_answer(gateway, pki) -> None:
     assert ran.returncode == 0, ran.stderr
     assert '"text_output": " Paris' in ran.stdout, ran.stdout  # Triton's /generate
     assert '"text_output":" Paris' in ran.stdout  # its stream
+    assert '"text_output": "The capital of France is Paris' in ran.stdout  # vLLM backend's
     assert '"output0"' in ran.stdout and '"total_slots"' in ran.stdout
     assert '"generated_text": " Paris' in ran.stdout  # TGI
     assert '{"text": ["The capital of France is Paris' in ran.stdout  # vLLM's demo server

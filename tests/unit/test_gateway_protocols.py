@@ -282,7 +282,7 @@ MINDIE_EXAMPLE = {"id": "a123", "text_input": "My name is Olivier and I", "param
 
 
 def test_mindie_generate_example_translates_with_typed_parameters() -> None:
-    request, options = triton.generate_request_to_pb("smollm2", "1", MINDIE_EXAMPLE)
+    request, options = triton.generate_request_to_pb("smollm2", "1", MINDIE_EXAMPLE, False)
     assert (request.model_name, request.model_version, request.id) == ("smollm2", "1", "a123")
     (tensor,) = request.inputs
     assert (tensor.name, tensor.datatype, list(tensor.shape)) == ("text_input", "BYTES", [1])
@@ -301,7 +301,8 @@ def test_mindie_generate_example_translates_with_typed_parameters() -> None:
 
 def test_generate_top_level_properties_are_parameters_the_object_wins() -> None:
     request, options = triton.generate_request_to_pb("m", "", {
-        "text_input": "x", "seed": 2**63, "top_k": 3, "details": True, "parameters": {"top_k": 4}})
+        "text_input": "x", "seed": 2**63, "top_k": 3, "details": True, "parameters": {"top_k": 4}},
+        False)
     assert request.parameters["seed"] == pb.InferParameter(uint64_param=2**63)
     assert request.parameters["top_k"].int64_param == 4
     assert options == triton.GenerateOptions(details=True, perf_stat=False, deadline_s=600.0 + UPSTREAM_GRACE_S)
@@ -323,17 +324,89 @@ def test_generate_top_level_properties_are_parameters_the_object_wins() -> None:
     ({"text_input": "x", "parameters": {"stop": {"a": 1}}}, "stop"),
 ])
 def test_generate_refuses_a_bad_body_naming_the_field(document: object, field: str) -> None:
-    assert refused(triton.generate_request_to_pb, "m", "", document).startswith(f"{field}: ")
+    assert refused(triton.generate_request_to_pb, "m", "", document, False).startswith(f"{field}: ")
 
 
 @pytest.mark.parametrize("value", [0, ""], ids=["zero", "empty-string"])
 def test_generate_refuses_falsy_non_boolean_details(value: object) -> None:
-    refused(triton.generate_request_to_pb, "m", "", {"text_input": "x", "details": value})
+    refused(triton.generate_request_to_pb, "m", "", {"text_input": "x", "details": value}, False)
 
 
 def test_timeout_overflowing_to_infinity_is_a_400() -> None:
     document = kserve.parse_json(b'{"text_input": "x", "parameters": {"timeout": 1e400}}')
-    refused(triton.generate_request_to_pb, "m", "", document)
+    refused(triton.generate_request_to_pb, "m", "", document, False)
+
+
+# --- Triton's vLLM backend interface on /generate ---------------------------------------------
+
+# Triton's generate extension's own example (and the vLLM backend's quickstart).
+TRITON_EXAMPLE = {"text_input": "client input", "parameters": {"stream": False, "temperature": 0}}
+
+
+def inputs_of(request: pb.ModelInferRequest) -> dict[str, tuple[str, list[int], bytes]]:
+    return {tensor.name: (tensor.datatype, list(tensor.shape), raw)
+            for tensor, raw in zip(request.inputs, request.raw_input_contents)}
+
+
+def test_a_field_named_as_a_vllm_backend_input_becomes_that_tensor() -> None:
+    """As Triton maps a generate request's fields to the model's inputs by name: `stream` is
+    the BOOL tensor the vLLM backend reads, `temperature` stays a request parameter."""
+    request, options = triton.generate_request_to_pb("m", "", TRITON_EXAMPLE, False)
+    assert inputs_of(request) == {"text_input": ("BYTES", [1], serialize_bytes([b"client input"])),
+                                  "stream": ("BOOL", [1], b"\x00")}
+    assert dict(request.parameters) == {"temperature": pb.InferParameter(int64_param=0)}
+    assert options.vllm and not options.details
+
+
+def test_vllm_backend_inputs_come_top_level_or_as_arrays_of_one() -> None:
+    request, options = triton.generate_request_to_pb("m", "", {
+        "text_input": "x", "stream": [True], "return_finish_reason": True,
+        "sampling_parameters": '{"max_tokens": "5"}'}, True)
+    assert inputs_of(request) == {
+        "text_input": ("BYTES", [1], serialize_bytes([b"x"])), "stream": ("BOOL", [1], b"\x01"),
+        "return_finish_reason": ("BOOL", [1], b"\x01"),
+        "sampling_parameters": ("BYTES", [1], serialize_bytes([b'{"max_tokens": "5"}']))}
+    assert not request.parameters and options.vllm
+
+
+@pytest.mark.parametrize(("document", "route_streams", "field"), [
+    ({"text_input": "x", "stream": True}, False, "stream"),
+    ({"text_input": "x", "parameters": {"stream": "true"}}, True, "stream"),
+    ({"text_input": "x", "stream": [True, False]}, True, "stream"),
+    ({"text_input": "x", "sampling_parameters": {"max_tokens": 5}}, False, "sampling_parameters"),
+    ({"text_input": "x", "return_num_input_tokens": 1}, False, "return_num_input_tokens"),
+    ({"text_input": "x", "stream": False, "details": True}, False, "details"),
+    ({"text_input": "x", "stream": True, "perf_stat": True}, True, "perf_stat"),
+])
+def test_vllm_backend_inputs_are_checked_naming_the_field(document: object, route_streams: bool,
+                                                          field: str) -> None:
+    """A stream on /generate, which Triton answers once; a value of the wrong type; MindIE's
+    details, which the vLLM backend's replies do not have."""
+    assert refused(triton.generate_request_to_pb, "m", "", document, route_streams) \
+        .startswith(f"{field}: ")
+
+
+def vllm_response(text: str, **outputs: tuple[str, bytes]) -> pb.ModelInferResponse:
+    response = pb.ModelInferResponse(model_name="m", model_version="1")
+    response.outputs.add(name="text_output", datatype="BYTES", shape=[1])
+    response.raw_output_contents.append(serialize_bytes([text.encode()]))
+    for name, (datatype, raw) in outputs.items():
+        response.outputs.add(name=name, datatype=datatype, shape=[1])
+        response.raw_output_contents.append(raw)
+    return response
+
+
+def test_vllm_backend_replies_are_tritons_each_output_under_its_name() -> None:
+    replies = triton.reply_stream(triton.GenerateOptions(False, False, 600.0, vllm=True))
+    first = replies.add(vllm_response(" Paris", finish_reason=("BYTES", serialize_bytes([b"None"]))))
+    assert first == {"model_name": "m", "model_version": "1", "text_output": " Paris",
+                     "finish_reason": "None"}
+    last = vllm_response(".", finish_reason=("BYTES", serialize_bytes([b"length"])),
+                         num_output_tokens=("UINT32", np.uint32(1).tobytes()))
+    last.id = "a1"
+    assert replies.add(last) == replies.reply() == {
+        "id": "a1", "model_name": "m", "model_version": "1", "text_output": ".",
+        "finish_reason": "length", "num_output_tokens": 1}
 
 
 # --- MindIE /generate_stream accumulation ----------------------------------------------------

@@ -30,6 +30,7 @@ from gateway.protocols.parameters import (INT64_MAX, MICROSECONDS, UINT32_MAX, U
                                           UPSTREAM_GRACE_S, parameter_value)
 from proto import vllm_sampling
 from proto.tensor_bytes import deserialize_bytes
+from proto.vllm_backend_tensors import CONTROL_INPUTS
 
 PROPERTY = settings(max_examples=100, deadline=None, database=None)
 ROUND_TRIP = settings(max_examples=40, deadline=None, database=None)
@@ -156,7 +157,7 @@ def decoded(request: object) -> dict[str, object]:
     (vllm.generate_request_to_pb, (VLLM_BODY,)),
     (mindie.infer_request_to_pb, (MINDIE_BODY, False)),
     (mindie.infer_request_to_pb, (MINDIE_TOKEN_BODY, True)),
-    (triton.generate_request_to_pb, ("m", "", TRITON_BODY)),
+    (triton.generate_request_to_pb, ("m", "", TRITON_BODY, False)),
     (kserve.infer_request_to_pb, ("m", "", KSERVE_BODY, b"")),
 ], ids=["tgi", "chat", "completion", "vllm", "mindie", "mindie-tokens", "triton", "kserve"])
 def test_the_near_valid_bodies_start_from_valid_ones(translate: Callable[..., object],
@@ -209,10 +210,14 @@ def test_mindie_tokenize_is_total(document: object) -> None:
 
 
 @PROPERTY
-@given(document=documents(TRITON_BODY, (MINDIE_KNOWN | {"perf_stat"}, ("parameters",)),
-                          (MINDIE_KNOWN | {"id", "text_input", "parameters", "perf_stat"}, ())))
-def test_triton_generate_is_total(document: object) -> None:
-    outcome(triton.generate_request_to_pb, "m", "", document)
+@given(document=documents(TRITON_BODY,
+                          (MINDIE_KNOWN | {"perf_stat", *CONTROL_INPUTS}, ("parameters",)),
+                          (MINDIE_KNOWN | {"id", "text_input", "parameters", "perf_stat",
+                                           *CONTROL_INPUTS}, ())),
+       route_streams=st.booleans())
+def test_triton_generate_is_total(document: object, route_streams: bool) -> None:
+    """With the vLLM backend interface's inputs, whose fields become tensors, too."""
+    outcome(triton.generate_request_to_pb, "m", "", document, route_streams)
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")
@@ -442,7 +447,7 @@ def test_triton_generate_round_trip(text: str, request_id: str, parameters: dict
                                     details: bool) -> None:
     request, options = triton.generate_request_to_pb(
         "m", "1", {"id": request_id, "text_input": text, "details": details,
-                   "parameters": parameters})
+                   "parameters": parameters}, False)
     assert (request.model_name, request.model_version, request.id) == ("m", "1", request_id)
     assert deserialize_bytes(request.raw_input_contents[0]) == [text.encode()]
     assert decoded(request) == {**parameters, "details": details}
@@ -498,7 +503,7 @@ def test_values_beyond_the_wire_types_are_a_400_naming_the_field(
 @pytest.mark.parametrize(("translate", "args"), [
     (mindie.infer_request_to_pb, ({"inputs": "x", "parameters": {"timeout": 1e303}}, False)),
     (mindie.infer_request_to_pb, ({"inputs": "x", "parameters": {"timeout": 10**400}}, False)),
-    (triton.generate_request_to_pb, ("m", "", {"text_input": "x", "timeout": 1e303})),
+    (triton.generate_request_to_pb, ("m", "", {"text_input": "x", "timeout": 1e303}, False)),
     (kserve.infer_request_to_pb, ("m", "", {**KSERVE_BODY, "parameters": {"timeout": 1e303}},
                                   b"")),
 ], ids=["mindie-1e303", "mindie-10**400", "triton-1e303", "kserve-1e303"])
