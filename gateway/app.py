@@ -61,6 +61,7 @@ ROUTES: dict[Plane, list[tuple[str, type[tornado.web.RequestHandler], str]]] = {
         (r"/v1/models/(?P<model>[^/]+)", generation.ModelsHandler, "openai_model"),
         (r"/v1/chat/completions", generation.ChatCompletionsHandler, "openai_chat"),
         (r"/v1/completions", generation.CompletionsHandler, "openai_completions"),
+        (r"/v1/responses", generation.ResponsesHandler, "openai_responses"),
         (r"/infer", generation.MindIEHandler, "mindie_infer"),
         (r"/infer_token", generation.MindIETokenHandler, "mindie_infer_token"),
         (r"/v1/tokenizer", generation.TokenizerHandler, "mindie_tokenizer"),

@@ -13,7 +13,7 @@ import grpc
 
 from gateway.errors import RequestError
 from gateway.handler import METADATA_TIMEOUT_S, Handler
-from gateway.protocols import mindie, openai, sagemaker, tgi, vllm
+from gateway.protocols import mindie, openai, openai_responses, sagemaker, tgi, vllm
 from gateway.protocols.generation import Generation, field_in_protocol
 from gateway.protocols.kserve import parse_json
 from gateway.sse import DONE_EVENT, sse_event
@@ -285,6 +285,33 @@ class CompletionsHandler(OpenAIHandler):
 
 class ChatCompletionsHandler(CompletionsHandler):
     chat = True
+
+
+class ResponsesHandler(OpenAIHandler):
+    """OpenAI's /v1/responses."""
+
+    runs_inference = True
+
+    async def post(self) -> None:
+        request, options = openai_responses.request_to_pb(parse_json(self.body))
+        self.names = options.names
+        if not options.model:
+            options = dataclasses.replace(options, model=(await self.model_names() or [""])[0])
+        generation = Generation()
+        call = self.generate(request, options.deadline_s)
+        if not options.stream:
+            async for response in call:
+                generation.add(response)
+            self.write_json(openai_responses.reply(options, generation))
+            return
+        events = openai_responses.ResponseEvents(options)
+
+        def render(response: sb.GenerateResponse) -> Iterable[bytes]:
+            generation.add(response)
+            return events.add(response.text)
+
+        await self.relay(call, render, end=lambda: events.finish(generation),
+                         error_event=events.error)
 
 
 # The handler of the route serving each API's body on /invocations (protocols/sagemaker.py).

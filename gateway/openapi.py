@@ -258,6 +258,27 @@ REQUESTS: dict[str, JSON] = {
                     "top_logprobs": TOP_LOGPROBS, "tools": array({}, maxItems=0),
                     "tool_choice": only("none", STRING)}),
     }, ["messages"], closed=True),
+    "ResponsesRequest": obj({
+        **optional({**{name: schema for name, schema in OPENAI_SAMPLING.items() if name != "n"},
+                    "model": STRING, "instructions": STRING,
+                    "max_output_tokens": MAX_NEW_TOKENS, "stream": BOOLEAN,
+                    "text": obj({"format": {"oneOf": [
+                        obj({"type": only("text", STRING)}, ["type"]),
+                        obj({"type": only("json_object", STRING)}, ["type"]),
+                        obj({"type": only("json_schema", STRING), "name": STRING,
+                             "schema": {"type": "object"}, "strict": nullable(BOOLEAN)},
+                            ["type", "schema"])]}}),
+                    "tools": array({}, maxItems=0), "tool_choice": {"enum": ["none", "auto"]},
+                    "truncation": only("disabled", STRING), "store": BOOLEAN,
+                    "metadata": {"type": "object"}, "user": STRING,
+                    "parallel_tool_calls": BOOLEAN}),
+        "input": {"oneOf": [PROMPT, array(obj({
+            "type": only("message", STRING),
+            "role": {"type": "string", "enum": ["system", "developer", "user", "assistant"]},
+            "content": {"oneOf": [STRING, array(obj({
+                "type": {"type": "string", "enum": ["input_text", "output_text"]},
+                "text": STRING}, ["type", "text"]))]}}, ["role", "content"]), minItems=1)]},
+    }, ["input"], closed=True),
     "CompletionRequest": obj({
         **optional(OPENAI_COMMON),
         "prompt": {"oneOf": [PROMPT, array(PROMPT, minItems=1), PROMPT_IDS,
@@ -381,6 +402,21 @@ REPLIES: dict[str, JSON] = {
         "choices": array(obj({**OPENAI_CHOICE, "text": STRING},
                              ["index", "text", "finish_reason"])),
     }, ["id", "object", "created", "model", "choices", "usage"]),
+    "Response": obj({
+        "id": STRING, "object": only("response", STRING), "created_at": integer(0),
+        "status": {"type": "string", "enum": ["completed", "incomplete"]},
+        "incomplete_details": nullable(obj({"reason": only("max_output_tokens", STRING)})),
+        "model": STRING,
+        "output": array(obj({
+            "id": STRING, "type": only("message", STRING), "role": only("assistant", STRING),
+            "status": STRING,
+            "content": array(obj({"type": only("output_text", STRING), "text": STRING},
+                                 ["type", "text"]))}, ["id", "type", "role", "content"]),
+            minItems=1, maxItems=1),
+        "usage": obj({**counts("input_tokens", "output_tokens", "total_tokens"),
+                      "input_tokens_details": obj(counts("cached_tokens"))},
+                     ["input_tokens", "output_tokens", "total_tokens"]),
+    }, ["id", "object", "created_at", "status", "model", "output", "usage"]),
     "MindIEResponse": obj(MINDIE_REPLY, ["generated_text"]),
     "MindIETokenResponse": obj({**MINDIE_REPLY, "generated_token_ids": array(integer(0))},
                                ["generated_text", "generated_token_ids"]),
@@ -590,6 +626,11 @@ OPERATIONS: dict[str, dict[str, Operation]] = {
     "openai_completions": {"post": Operation(
         f"OpenAI's completions (streamed: {GENERATION_STREAM}, then `data: [DONE]`)",
         {**json_reply("TextCompletion"), **SSE}, ref("CompletionRequest"))},
+    "openai_responses": {"post": Operation(
+        "OpenAI's Responses API, without stored responses or tools (streamed: its "
+        "Server-Sent Events, `event:` and `data:` with `type` and `sequence_number`, from "
+        "response.created to response.completed)",
+        {**json_reply("Response"), **SSE}, ref("ResponsesRequest"))},
     "mindie_infer": {"post": Operation(f"MindIE's text interface (streamed: {GENERATION_STREAM})",
                                        {**json_reply("MindIEResponse"), **SSE},
                                        ref("MindIEInferRequest"))},

@@ -9,6 +9,8 @@ CONTENT_TYPE = "text/event-stream; charset=utf-8"
 DONE_EVENT = b"data: [DONE]\n\n"
 
 
-def sse_event(data: object) -> bytes:
-    """One `data:` event holding `data` as compact JSON (no raw newlines, so one line)."""
-    return b"data: " + json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+def sse_event(data: object, name: str | None = None) -> bytes:
+    """One `data:` event holding `data` as compact JSON (no raw newlines, so one line);
+    `name`: its `event:` line."""
+    line = b"data: " + json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode()
+    return (b"" if name is None else f"event: {name}\n".encode()) + line + b"\n\n"

@@ -109,7 +109,7 @@ class OpenAIOptions:
 
 
 def chat_request_to_pb(document: object) -> tuple[list[Call], OpenAIOptions]:
-    document = _checked(document, CHAT_FIELDS)
+    document = checked_document(document, CHAT_FIELDS)
     messages = document.get("messages")
     if not isinstance(messages, list):
         raise bad_request("messages", f"must be an array of messages; got {json_type(messages)}")
@@ -117,29 +117,29 @@ def chat_request_to_pb(document: object) -> tuple[list[Call], OpenAIOptions]:
         raise bad_request("tools", "tool calling is not supported")
     if document.get("tool_choice") not in (None, "none"):
         raise bad_request("tool_choice", "tool calling is not supported")
-    values = _sampling(document)
-    newer = _max_tokens(document, "max_completion_tokens")
-    older = _max_tokens(document, "max_tokens")
+    values = sampling_values(document)
+    newer = token_limit(document, "max_completion_tokens")
+    older = token_limit(document, "max_tokens")
     values["max_new_tokens"] = newer if newer is not None else older \
         if older is not None else UNLIMITED
     logprobs = optional_bool(document, "logprobs")
     values.update(logprobs=logprobs, top_logprobs=document.get("top_logprobs"))
     names = add_output_format("response_format", document.get("response_format"), values,
                               CHAT_NAMES_NEW_MAX if newer is not None else CHAT_NAMES)
-    request, deadline_s = generate_request(_model(document), chat_messages(messages), values,
-                                           names=names)
+    request, deadline_s = generate_request(requested_model(document), chat_messages(messages),
+                                           values, names=names)
     return [Call(request, None)], _options(document, "chat.completion", logprobs, False,
                                            deadline_s, names)
 
 
 def completion_request_to_pb(document: object) -> tuple[list[Call], OpenAIOptions]:
-    document = _checked(document, COMPLETION_FIELDS)
+    document = checked_document(document, COMPLETION_FIELDS)
     if document.get("suffix") is not None:
         raise bad_request("suffix", "is not supported")
     prompts = _prompts(document.get("prompt"))
     echo = optional_bool(document, "echo")
-    values = _sampling(document)
-    max_tokens = _max_tokens(document, "max_tokens")
+    values = sampling_values(document)
+    max_tokens = token_limit(document, "max_tokens")
     echo_only = echo and max_tokens == 0
     values["max_new_tokens"] = COMPLETION_DEFAULT_MAX_TOKENS if max_tokens is None \
         else 1 if echo_only else max_tokens
@@ -156,26 +156,26 @@ def completion_request_to_pb(document: object) -> tuple[list[Call], OpenAIOption
         # lead the reply's, and a prompt of token ids needs their text.
         prompt_values = {**values, "prompt_logprobs": True} if echo and (
             top is not None or not isinstance(prompt, str)) else values
-        request, deadline_s = generate_request(_model(document), prompt, prompt_values,
-                                               names=names)
+        request, deadline_s = generate_request(requested_model(document), prompt,
+                                               prompt_values, names=names)
         calls.append(Call(request, prompt if isinstance(prompt, str) else None))
     return calls, _options(document, "text_completion", top is not None, echo, deadline_s,
                            names, echo_only=echo_only)
 
 
-def _checked(document: object, fields: frozenset[str]) -> dict[str, object]:
+def checked_document(document: object, fields: frozenset[str]) -> dict[str, object]:
     document = require_object(document, "the body")
     refuse_unknown(document, fields)
     return document
 
 
-def _model(document: Mapping[str, object]) -> str:
+def requested_model(document: Mapping[str, object]) -> str:
     """The model asked for; "" for the served one."""
     model = optional_string(document, "model")
     return "" if model in SERVED_MODEL_PLACEHOLDERS else model
 
 
-def _sampling(document: Mapping[str, object]) -> dict[str, object]:
+def sampling_values(document: Mapping[str, object]) -> dict[str, object]:
     values = renamed({name: document.get(name) for name in SAMPLING_FIELDS}, NAMES)
     if "seed" in values:
         values["seed"] = int64_seed(values["seed"])
@@ -193,7 +193,7 @@ def _sampling(document: Mapping[str, object]) -> dict[str, object]:
     return values
 
 
-def _max_tokens(document: Mapping[str, object], name: str) -> int | None:
+def token_limit(document: Mapping[str, object], name: str) -> int | None:
     value = document.get(name)
     if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
         raise bad_request(name, f"must be an integer; got {json_type(value)}")
@@ -211,7 +211,7 @@ def _options(document: Mapping[str, object], kind: str, logprobs: bool, echo: bo
         stream_options = require_object(stream_options, "stream_options")
     n = document.get("n")
     include_usage = optional_bool(stream_options or {}, "include_usage")
-    return OpenAIOptions(kind=kind, model=_model(document), stream=stream,
+    return OpenAIOptions(kind=kind, model=requested_model(document), stream=stream,
                          include_usage=include_usage,
                          continuous_usage=include_usage and optional_bool(
                              stream_options or {}, "continuous_usage_stats"),
@@ -229,12 +229,13 @@ def chat_messages(messages: list[object]) -> sb.ChatMessages:
         role = message.get("role")
         if not isinstance(role, str):
             raise bad_request(f"{where}.role", f"must be a string; got {json_type(role)}")
-        result.messages.add(role=role, content=_content(message.get("content"), where))
+        result.messages.add(role=role, content=message_text(message.get("content"), where))
     return result
 
 
-def _content(content: object, where: str) -> str:
-    """A string, or OpenAI's list of parts of which only text ones are supported."""
+def message_text(content: object, where: str, part_types: Sequence[str] = ("text",)) -> str:
+    """A string (null: empty), or OpenAI's list of parts of which only text ones (of
+    `part_types`) are supported."""
     if content is None or isinstance(content, str):
         return content or ""
     if not isinstance(content, list):
@@ -243,8 +244,9 @@ def _content(content: object, where: str) -> str:
     texts = []
     for index, part in enumerate(content):
         part = require_object(part, f"{where}.content[{index}]")
-        if part.get("type") != "text" or not isinstance(part.get("text"), str):
-            raise bad_request(f"{where}.content[{index}]", "only text parts are supported")
+        if part.get("type") not in part_types or not isinstance(part.get("text"), str):
+            raise bad_request(f"{where}.content[{index}]",
+                              f"only text parts ({', '.join(part_types)}) are supported")
         texts.append(part["text"])
     return "\n".join(texts)
 

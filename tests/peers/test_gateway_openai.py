@@ -51,6 +51,53 @@ def assert_still_serving(client: openai.OpenAI) -> None:
     assert len(reply.choices) == 1 and reply.usage.completion_tokens == 1
 
 
+# Responses ----------------------------------------------------------------------------------
+
+def test_a_response_answers_as_the_chat_completion_does(client, greedy_chat) -> None:
+    """The same question, greedy, as a Responses API input gives the chat's answer."""
+    response = client.responses.create(model=MODEL, input=QUESTION[0]["content"], temperature=0,
+                                       max_output_tokens=16)
+    assert response.id.startswith("resp_") and response.object == "response"
+    assert response.model == MODEL
+    assert response.output_text == greedy_chat.choices[0].message.content
+    [item] = response.output
+    assert (item.type, item.role, item.status) == ("message", "assistant", response.status)
+    expected = "incomplete" if greedy_chat.choices[0].finish_reason == "length" else "completed"
+    assert response.status == expected
+    assert response.usage.input_tokens == greedy_chat.usage.prompt_tokens
+    assert response.usage.output_tokens == greedy_chat.usage.completion_tokens
+    assert response.store is False
+
+
+def test_a_streamed_response_accumulates_to_the_same_answer(client, greedy_chat) -> None:
+    """The SDK's stream helper checks the events' order and identities as it accumulates."""
+    with client.responses.stream(model=MODEL, input=QUESTION, temperature=0,
+                                 max_output_tokens=16) as stream:
+        kinds = [event.type for event in stream]
+        final = stream.get_final_response()
+    assert final.output_text == greedy_chat.choices[0].message.content
+    assert kinds[:4] == ["response.created", "response.in_progress",
+                         "response.output_item.added", "response.content_part.added"]
+    assert kinds[-4:] == ["response.output_text.done", "response.content_part.done",
+                          "response.output_item.done", "response.completed"]
+    assert kinds.count("response.output_text.delta") >= 2
+
+
+def test_a_response_cut_by_max_output_tokens_is_incomplete(client) -> None:
+    response = client.responses.create(model=MODEL, input=QUESTION[0]["content"],
+                                       temperature=0, max_output_tokens=2)
+    assert response.status == "incomplete"
+    assert response.incomplete_details.reason == "max_output_tokens"
+    assert response.usage.output_tokens == 2
+
+
+def test_a_previous_response_id_is_not_found(client) -> None:
+    with pytest.raises(openai.NotFoundError) as refused:
+        client.responses.create(model=MODEL, input="Hi", previous_response_id="resp_1")
+    assert refused.value.body["param"] == "previous_response_id"
+    assert_still_serving(client)
+
+
 # Chat ----------------------------------------------------------------------------------------
 
 def test_chat_completion_answers_paris(greedy_chat) -> None:

@@ -1,0 +1,248 @@
+"""OpenAI's Responses API (POST /v1/responses, as vLLM serves it) ⇄ switchboard.v1 Generate.
+
+`input` is a string (one user message) or a list of messages (`role` user, system, developer
+or assistant; `content` a string or text parts, `input_text` or `output_text`), after
+`instructions` as a system message, rendered with the model's chat template on the server.
+Sampling is chat's (see openai.py: temperature 0 is greedy, vLLM's extras are accepted);
+`max_output_tokens` bounds the answer, which then ends "incomplete" with
+`incomplete_details.reason` "max_output_tokens"; `text.format` asks for JSON. Nothing is
+stored, so the reply says `store: false`, and a `previous_response_id` is not found (404, as
+vLLM without its store); tools, reasoning effort, `include`, background mode and
+`truncation: "auto"` are refused, naming them.
+
+Streamed, the reply is OpenAI's events, each `event: <type>` with its JSON (`type`,
+`sequence_number`): response.created, response.in_progress, response.output_item.added and
+response.content_part.added with the first answer, response.output_text.delta for each piece of
+text, then response.output_text.done, response.content_part.done, response.output_item.done and
+response.completed. An error after the first event is an `error` event, which ends the stream.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from gateway.errors import RequestError, bad_request
+from gateway.protocols.generation import (Generation, add_output_format, generate_request,
+                                          optional_bool)
+from gateway.protocols.kserve import require_object
+from gateway.protocols.openai import (IGNORED_FIELDS, NAMES, SAMPLING_FIELDS, UNLIMITED,
+                                      checked_document, message_text, requested_model,
+                                      sampling_values, token_limit)
+from gateway.protocols.parameters import json_type
+from gateway.sse import sse_event
+from proto import switchboard_pb2 as sb
+
+FIELDS = (SAMPLING_FIELDS - {"n"}) | IGNORED_FIELDS | {
+    "model", "input", "instructions", "max_output_tokens", "stream", "stream_options", "text",
+    "tools", "tool_choice", "previous_response_id", "reasoning", "include", "truncation",
+    "background"}
+# Errors about the prompt name `input`; about the length, max_output_tokens.
+RESPONSES_NAMES = {**NAMES, "input": "prompt", "max_output_tokens": "max_new_tokens"}
+# Content part types that carry text (an input message's, an earlier answer's).
+TEXT_PARTS = ("input_text", "output_text")
+TEXT_FORMATS = ("text", "json_object", "json_schema")
+ROLES = ("user", "assistant", "system", "developer")
+# The request's fields that the response object repeats, with OpenAI's defaults.
+ECHOED_DEFAULTS: dict[str, object] = {"instructions": None, "metadata": {},
+                                      "parallel_tool_calls": True, "temperature": 1.0,
+                                      "top_p": 1.0, "user": None}
+
+
+@dataclass(frozen=True, slots=True)
+class ResponsesOptions:
+    model: str
+    stream: bool
+    deadline_s: float
+    # The request's fields the response object repeats (OpenAI's defaults where absent).
+    echoed: Mapping[str, object]
+    names: Mapping[str, str]
+    id: str = field(default_factory=lambda: f"resp_{uuid.uuid4().hex}")
+    message_id: str = field(default_factory=lambda: f"msg_{uuid.uuid4().hex}")
+    created_at: int = field(default_factory=lambda: int(time.time()))
+
+
+def request_to_pb(document: object) -> tuple[sb.GenerateRequest, ResponsesOptions]:
+    document = checked_document(document, FIELDS)
+    _refuse_unsupported(document)
+    values = sampling_values(document)
+    max_tokens = token_limit(document, "max_output_tokens")
+    values["max_new_tokens"] = UNLIMITED if max_tokens is None else max_tokens
+    text_format = _text_format(document)
+    names = add_output_format("text.format", _as_response_format(text_format), values,
+                              RESPONSES_NAMES)
+    request, deadline_s = generate_request(
+        requested_model(document),
+        _messages(document.get("instructions"), document.get("input")), values, names=names)
+    stream = optional_bool(document, "stream")
+    echoed = {name: default if document.get(name) is None else document[name]
+              for name, default in ECHOED_DEFAULTS.items()}
+    echoed["max_output_tokens"] = max_tokens
+    echoed["text"] = {"format": text_format}
+    return request, ResponsesOptions(model=requested_model(document), stream=stream,
+                                     deadline_s=deadline_s, echoed=echoed, names=names)
+
+
+def _refuse_unsupported(document: Mapping[str, object]) -> None:
+    previous = document.get("previous_response_id")
+    if previous is not None:
+        raise RequestError(404, f"previous_response_id: no response {previous!r} is stored: "
+                           "responses are not stored here, send the conversation in `input`",
+                           "previous_response_id")
+    if document.get("tools"):
+        raise bad_request("tools", "tool calling is not supported")
+    if document.get("tool_choice") not in (None, "none", "auto"):
+        raise bad_request("tool_choice", "tool calling is not supported")
+    reasoning = document.get("reasoning")
+    if reasoning is not None and require_object(reasoning, "reasoning").get("effort") is not None:
+        raise bad_request("reasoning", "the served model does not reason")
+    if document.get("include"):
+        raise bad_request("include", "no extra output can be included")
+    if document.get("background"):
+        raise bad_request("background", "background mode is not supported")
+    if document.get("truncation") not in (None, "disabled"):
+        raise bad_request("truncation", "only \"disabled\" is supported: an input too long "
+                          "for the model is refused")
+
+
+def _text_format(document: Mapping[str, object]) -> dict[str, object]:
+    """`text.format`: text (the default), json_object, or json_schema with its `schema`."""
+    text = require_object(document.get("text") or {}, "text")
+    text_format = require_object(text.get("format") or {"type": "text"}, "text.format")
+    if text_format.get("type") not in TEXT_FORMATS:
+        raise bad_request("text.format.type", f"must be one of {', '.join(TEXT_FORMATS)}; got "
+                          f"{text_format.get('type')!r}")
+    if text_format["type"] == "json_schema" and not isinstance(text_format.get("schema"), dict):
+        raise bad_request("text.format.schema", f"must be a JSON schema object; got "
+                          f"{json_type(text_format.get('schema'))}")
+    return text_format
+
+
+def _as_response_format(text_format: Mapping[str, object]) -> Mapping[str, object]:
+    """`text.format` as chat's response_format, whose json_schema nests its schema."""
+    if text_format["type"] != "json_schema":
+        return text_format
+    return {"type": "json_schema", "json_schema": {"schema": text_format["schema"]}}
+
+
+def _messages(instructions: object, items: object) -> sb.ChatMessages:
+    messages = sb.ChatMessages()
+    if instructions is not None:
+        if not isinstance(instructions, str):
+            raise bad_request("instructions", f"must be a string; got {json_type(instructions)}")
+        messages.messages.add(role="system", content=instructions)
+    if isinstance(items, str):
+        messages.messages.add(role="user", content=items)
+        return messages
+    if not isinstance(items, list) or not items:
+        raise bad_request("input", f"must be a string or a non-empty array of messages; got "
+                          f"{json_type(items)}")
+    for index, item in enumerate(items):
+        where = f"input[{index}]"
+        item = require_object(item, where)
+        if item.get("type", "message") != "message":
+            raise bad_request(f"{where}.type", f"only messages are supported; got "
+                              f"{item.get('type')!r}")
+        role = item.get("role")
+        if role not in ROLES:
+            raise bad_request(f"{where}.role", f"must be one of {', '.join(ROLES)}; got "
+                              f"{json.dumps(role)}")
+        messages.messages.add(role=role,
+                              content=message_text(item.get("content"), where, TEXT_PARTS))
+    return messages
+
+
+def reply(options: ResponsesOptions, generation: Generation) -> dict[str, object]:
+    """The finished response object."""
+    [sequence] = generation.ordered()
+    return _response(options, generation, sequence.generated_text,
+                     sequence.finish_reason == "length")
+
+
+def _response(options: ResponsesOptions, generation: Generation | None, text: str | None,
+              cut: bool = False) -> dict[str, object]:
+    """The response object: in progress (no generation yet), else finished with `text`
+    (`cut`: by max_output_tokens)."""
+    done = generation is not None
+    status = "incomplete" if cut else "completed" if done else "in_progress"
+    return {"id": options.id, "object": "response", "created_at": options.created_at,
+            "status": status, "error": None,
+            "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
+            "model": options.model, "output": [_message(options, text, status)] if done else [],
+            "previous_response_id": None, "reasoning": None, "store": False,
+            "tool_choice": "auto", "tools": [], "truncation": "disabled",
+            "usage": _usage(generation) if done else None, **options.echoed}
+
+
+def _message(options: ResponsesOptions, text: str | None, status: str) -> dict[str, object]:
+    """The answer's output item; text None: just added, without content yet."""
+    return {"id": options.message_id, "type": "message", "status": status, "role": "assistant",
+            "content": [] if text is None else [_text_part(text)]}
+
+
+def _text_part(text: str) -> dict[str, object]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def _usage(generation: Generation) -> dict[str, object]:
+    return {"input_tokens": generation.prompt_tokens,
+            "input_tokens_details": {"cached_tokens": generation.cached_tokens},
+            "output_tokens": generation.completion_tokens,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": generation.prompt_tokens + generation.completion_tokens}
+
+
+class ResponseEvents:
+    """A streamed response's events, numbered in order."""
+
+    def __init__(self, options: ResponsesOptions) -> None:
+        self.options = options
+        self.sequence_number = 0
+        self.started = False
+
+    def add(self, text: str) -> list[bytes]:
+        """The events of one piece of the answer (the opening ones before the first)."""
+        events = []
+        if not self.started:
+            self.started = True
+            in_progress = _response(self.options, None, None)
+            events += [self._event("response.created", response=in_progress),
+                       self._event("response.in_progress", response=in_progress),
+                       self._event("response.output_item.added", output_index=0,
+                                   item=_message(self.options, None, "in_progress")),
+                       self._event("response.content_part.added", **self._where(),
+                                   part=_text_part(""))]
+        if text:
+            events.append(self._event("response.output_text.delta", **self._where(),
+                                      delta=text, logprobs=[]))
+        return events
+
+    def finish(self, generation: Generation) -> bytes:
+        """The closing events, with the whole answer."""
+        final = reply(self.options, generation)
+        [item] = final["output"]
+        [part] = item["content"]
+        return b"".join([
+            self._event("response.output_text.done", **self._where(), text=part["text"],
+                        logprobs=[]),
+            self._event("response.content_part.done", **self._where(), part=part),
+            self._event("response.output_item.done", output_index=0, item=item),
+            self._event("response.completed", response=final)])
+
+    def error(self, body: Mapping[str, object]) -> bytes:
+        """OpenAI's error event, from its error body."""
+        error = body["error"]
+        return self._event("error", code=str(error["code"]), message=error["message"],
+                           param=error["param"])
+
+    def _where(self) -> dict[str, object]:
+        return {"item_id": self.options.message_id, "output_index": 0, "content_index": 0}
+
+    def _event(self, kind: str, **fields: object) -> bytes:
+        event = sse_event({"type": kind, "sequence_number": self.sequence_number, **fields},
+                          name=kind)
+        self.sequence_number += 1
+        return event

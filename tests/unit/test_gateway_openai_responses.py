@@ -1,0 +1,173 @@
+"""OpenAI's Responses API ⇄ switchboard.v1 Generate, without a network: the request's
+translation and refusals, the response object, and the streamed events."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gateway.errors import RequestError
+from gateway.protocols import openai_responses as responses
+from gateway.protocols.generation import Generation
+from gateway.protocols.openai import UNLIMITED
+from gateway.protocols.parameters import parameter_value
+from proto import switchboard_pb2 as sb
+
+
+def params(request: sb.GenerateRequest) -> dict[str, object]:
+    return {name: parameter_value(value) for name, value in request.parameters.items()}
+
+
+def messages(request: sb.GenerateRequest) -> list[tuple[str, str]]:
+    return [(message.role, message.content) for message in request.messages.messages]
+
+
+def refusal(document: object) -> RequestError:
+    with pytest.raises(RequestError) as info:
+        responses.request_to_pb(document)
+    return info.value
+
+
+def test_a_string_input_is_one_user_message_after_the_instructions() -> None:
+    request, options = responses.request_to_pb({
+        "model": "m", "input": "What is the capital of France?", "instructions": "Be brief.",
+        "temperature": 0, "max_output_tokens": 30})
+    assert messages(request) == [("system", "Be brief."),
+                                 ("user", "What is the capital of France?")]
+    assert request.model_name == "m"
+    assert params(request) == {"do_sample": False, "max_new_tokens": 30}
+    assert (options.model, options.stream) == ("m", False)
+
+
+def test_input_messages_join_their_text_parts_and_sampling_defaults_hold() -> None:
+    request, _ = responses.request_to_pb({"input": [
+        {"role": "user", "content": [{"type": "input_text", "text": "Hi"},
+                                     {"type": "input_text", "text": "there"}]},
+        {"type": "message", "role": "assistant",
+         "content": [{"type": "output_text", "text": "Hello!"}]},
+        {"role": "developer", "content": "Answer in French."}], "top_p": 0.5})
+    assert messages(request) == [("user", "Hi\nthere"), ("assistant", "Hello!"),
+                                 ("developer", "Answer in French.")]
+    assert params(request) == {"do_sample": True, "top_p": 0.5, "max_new_tokens": UNLIMITED}
+
+
+def test_a_json_schema_format_is_the_servers_guided_json() -> None:
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}}
+    request, options = responses.request_to_pb({"input": "x", "text": {"format": {
+        "type": "json_schema", "name": "city", "schema": schema}}})
+    assert json.loads(params(request)["guided_json"]) == schema
+    assert options.echoed["text"] == {"format": {"type": "json_schema", "name": "city",
+                                                 "schema": schema}}
+
+
+@pytest.mark.parametrize(("document", "field"), [
+    ({}, "input"),
+    ({"input": []}, "input"),
+    ({"input": [{"type": "function_call_output", "output": "1"}]}, "input[0].type"),
+    ({"input": [{"role": "tool", "content": "x"}]}, "input[0].role"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}]},
+     "input[0].content[0]"),
+    ({"input": [{"role": "user", "content": 5}]}, "input[0].content"),
+    ({"input": "x", "instructions": ["a"]}, "instructions"),
+    ({"input": "x", "tools": [{"type": "function", "name": "f"}]}, "tools"),
+    ({"input": "x", "tool_choice": "required"}, "tool_choice"),
+    ({"input": "x", "reasoning": {"effort": "low"}}, "reasoning"),
+    ({"input": "x", "include": ["message.output_text.logprobs"]}, "include"),
+    ({"input": "x", "background": True}, "background"),
+    ({"input": "x", "truncation": "auto"}, "truncation"),
+    ({"input": "x", "text": {"format": {"type": "grammar"}}}, "text.format.type"),
+    ({"input": "x", "text": {"format": {"type": "json_schema", "name": "c"}}},
+     "text.format.schema"),
+    ({"input": "x", "max_output_tokens": "5"}, "max_output_tokens"),
+    ({"input": "x", "stream": "yes"}, "stream"),
+    ({"input": "x", "n": 2}, "n"),
+])
+def test_what_is_not_supported_is_refused_naming_the_field(document: dict[str, object],
+                                                           field: str) -> None:
+    error = refusal(document)
+    assert (error.status, error.field) == (400, field)
+
+
+def test_a_previous_response_is_not_found_as_none_is_stored() -> None:
+    error = refusal({"input": "x", "previous_response_id": "resp_1"})
+    assert (error.status, error.field) == (404, "previous_response_id")
+
+
+def generated(text: str, finish_reason: str = "", *, tokens: int = 0) -> sb.GenerateResponse:
+    return sb.GenerateResponse(text=text, finish_reason=finish_reason, generated_tokens=tokens,
+                               prompt_tokens=7, cached_tokens=2)
+
+
+def finished(*texts: str, finish_reason: str) -> Generation:
+    generation = Generation()
+    for position, text in enumerate(texts, 1):
+        generation.add(generated(text, finish_reason if position == len(texts) else "",
+                                 tokens=position))
+    return generation
+
+
+@pytest.mark.parametrize(("finish_reason", "status", "details"), [
+    ("eos_token", "completed", None), ("stop_sequence", "completed", None),
+    ("length", "incomplete", {"reason": "max_output_tokens"})])
+def test_the_reply_is_a_response_object(finish_reason: str, status: str,
+                                        details: object) -> None:
+    _, options = responses.request_to_pb({"model": "m", "input": "x", "temperature": 0.5,
+                                          "metadata": {"k": "v"}})
+    reply = responses.reply(options, finished(" Paris", ".", finish_reason=finish_reason))
+    assert reply["id"] == options.id and reply["id"].startswith("resp_")
+    assert {name: reply[name] for name in ("object", "status", "incomplete_details", "model",
+                                           "store", "temperature", "top_p", "metadata")} == {
+        "object": "response", "status": status, "incomplete_details": details, "model": "m",
+        "store": False, "temperature": 0.5, "top_p": 1.0, "metadata": {"k": "v"}}
+    assert reply["output"] == [{
+        "id": options.message_id, "type": "message", "status": status, "role": "assistant",
+        "content": [{"type": "output_text", "text": " Paris.", "annotations": [],
+                     "logprobs": []}]}]
+    assert reply["usage"] == {"input_tokens": 7, "input_tokens_details": {"cached_tokens": 2},
+                              "output_tokens": 2, "output_tokens_details": {"reasoning_tokens": 0},
+                              "total_tokens": 9}
+
+
+def parsed(chunks: list[bytes]) -> list[tuple[str, dict[str, object]]]:
+    """Each SSE event's `event:` name and data."""
+    events = []
+    for block in b"".join(chunks).decode().split("\n\n")[:-1]:
+        name_line, data_line = block.split("\n")
+        events.append((name_line.removeprefix("event: "),
+                       json.loads(data_line.removeprefix("data: "))))
+    return events
+
+
+def test_a_stream_is_openais_events_numbered_in_order() -> None:
+    _, options = responses.request_to_pb({"model": "m", "input": "x", "stream": True})
+    events = responses.ResponseEvents(options)
+    generation = finished(" Paris", "", ".", finish_reason="eos_token")
+    chunks = [*events.add(" Paris"), *events.add(""), *events.add("."),
+              events.finish(generation)]
+    stream = parsed(chunks)
+    assert [name for name, _ in stream] == [
+        "response.created", "response.in_progress", "response.output_item.added",
+        "response.content_part.added", "response.output_text.delta",
+        "response.output_text.delta", "response.output_text.done",
+        "response.content_part.done", "response.output_item.done", "response.completed"]
+    assert all(data["type"] == name for name, data in stream)
+    assert [data["sequence_number"] for _, data in stream] == list(range(len(stream)))
+    created = stream[0][1]["response"]
+    assert (created["status"], created["output"], created["usage"]) == ("in_progress", [], None)
+    deltas = [data for name, data in stream if name == "response.output_text.delta"]
+    assert [delta["delta"] for delta in deltas] == [" Paris", "."]
+    assert all((delta["item_id"], delta["output_index"], delta["content_index"])
+               == (options.message_id, 0, 0) for delta in deltas)
+    assert stream[6][1]["text"] == " Paris."
+    assert stream[-1][1]["response"] == responses.reply(options, generation)
+
+
+def test_an_error_in_a_stream_is_openais_error_event() -> None:
+    _, options = responses.request_to_pb({"input": "x", "stream": True})
+    events = responses.ResponseEvents(options)
+    events.add("Hi")
+    [(name, data)] = parsed([events.error({"error": {
+        "message": "timed out", "type": "timeout_error", "param": None, "code": 504}})])
+    assert (name, data) == ("error", {"type": "error", "sequence_number": 5, "code": "504",
+                                      "message": "timed out", "param": None})
