@@ -72,6 +72,11 @@ class InferCall:
     parameters: Mapping[str, object]
     client_id: str
     vllm: VllmOptions | None = None
+    # The outputs the request names; none: every output it produces (Triton's rule).
+    requested_outputs: frozenset[str] = frozenset()
+
+    def wants(self, output: str) -> bool:
+        return not self.requested_outputs or output in self.requested_outputs
 
     @property
     def streams(self) -> bool:
@@ -121,6 +126,7 @@ def decode_infer_request(request: pb.ModelInferRequest) -> InferCall:
     else:
         prompt = _text(tensor, raw)
     return InferCall(kind=kind, prompt=prompt, client_id=request.id, vllm=vllm,
+                     requested_outputs=frozenset(output.name for output in request.outputs),
                      parameters=parameters_from_pb(request.parameters) if vllm is None
                      else _vllm_parameters(request.parameters, controls))
 
@@ -311,6 +317,8 @@ def deserialize_bytes(data: bytes, field: str) -> list[bytes]:
 def _response(call: InferCall, model_name: str, token_ids: Iterable[int],
               text: str) -> pb.ModelInferResponse:
     response = pb.ModelInferResponse(model_name=model_name, model_version="1", id=call.client_id)
+    if not call.wants(call.kind.output_name):
+        return response
     output = response.outputs.add(name=call.kind.output_name, datatype=call.kind.datatype)
     if call.kind is InputKind.TOKENS:
         ids = np.asarray(list(token_ids), dtype="<u4")
@@ -325,8 +333,8 @@ def _response(call: InferCall, model_name: str, token_ids: Iterable[int],
 def _add_vllm_outputs(response: pb.ModelInferResponse, call: InferCall,
                       finish_reason: FinishReason | None, num_input_tokens: int,
                       num_output_tokens: int) -> None:
-    """The vLLM backend's extra outputs the request asked for (num_output_tokens: this
-    response's)."""
+    """The vLLM backend's extra outputs the request asked for and, naming outputs, names
+    (num_output_tokens: this response's)."""
     if call.vllm is None:
         return
     values = {"finish_reason": serialize_bytes([triton_vllm.finish_reason_text(finish_reason)
@@ -334,7 +342,7 @@ def _add_vllm_outputs(response: pb.ModelInferResponse, call: InferCall,
               "num_input_tokens": np.asarray([num_input_tokens], dtype="<u4").tobytes(),
               "num_output_tokens": np.asarray([num_output_tokens], dtype="<u4").tobytes()}
     for name, (_, datatype) in triton_vllm.EXTRA_OUTPUTS.items():
-        if name in call.vllm.outputs:
+        if name in call.vllm.outputs and call.wants(name):
             response.outputs.add(name=name, datatype=datatype, shape=[1])
             response.raw_output_contents.append(values[name])
 

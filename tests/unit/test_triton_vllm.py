@@ -149,6 +149,22 @@ def test_streamed_responses_carry_their_own_tokens_and_none_until_the_end() -> N
     assert outputs_of(last)["finish_reason"] == serialize_bytes([b"length"])
 
 
+def test_a_request_naming_outputs_gets_those_alone() -> None:
+    """Triton's rule: the extra output asked for but not named is left out, and so is
+    text_output when the request names only an extra output."""
+    request = vllm_request(stream=False, return_finish_reason=True,
+                           return_num_output_tokens=True)
+    request.outputs.add(name="num_output_tokens")
+    call = decode_infer_request(request)
+    result = InferResult(token_ids=(1, 2), text="x", finish_reason=FinishReason.LENGTH,
+                         num_prompt_tokens=4, seed=9)
+    assert outputs_of(infer_response(call, "smollm2", result)) == {
+        "num_output_tokens": uint32(2)}
+    request.outputs.add(name="text_output")
+    assert outputs_of(infer_response(decode_infer_request(request), "smollm2", result)) == {
+        "text_output": serialize_bytes([(TEXT + "x").encode()]), "num_output_tokens": uint32(2)}
+
+
 def test_mindies_text_interface_is_unchanged_without_control_tensors() -> None:
     call = decode_infer_request(text_request())
     assert call.vllm is None and call.streams
