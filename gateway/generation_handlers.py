@@ -308,7 +308,7 @@ class ResponsesHandler(OpenAIHandler):
 
         def render(response: sb.GenerateResponse) -> Iterable[bytes]:
             generation.add(response)
-            return events.add(response.text)
+            return events.add(response)
 
         await self.relay(call, render, end=lambda: events.finish(generation),
                          error_event=events.error)

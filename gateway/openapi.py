@@ -269,6 +269,8 @@ REQUESTS: dict[str, JSON] = {
                              "schema": {"type": "object"}, "strict": nullable(BOOLEAN)},
                             ["type", "schema"])]}}),
                     "tools": array({}, maxItems=0), "tool_choice": {"enum": ["none", "auto"]},
+                    "include": array(only("message.output_text.logprobs", STRING)),
+                    "top_logprobs": TOP_LOGPROBS,
                     "truncation": only("disabled", STRING), "store": BOOLEAN,
                     "metadata": {"type": "object"}, "user": STRING,
                     "parallel_tool_calls": BOOLEAN}),

@@ -280,10 +280,16 @@ def _content_tokens(tokens: list[sb.Token]) -> list[sb.Token]:
 
 
 def _chat_logprobs(tokens: list[sb.Token]) -> dict[str, object]:
-    return {"content": [{"token": t.text, "logprob": t.logprob, "bytes": _bytes(t.text),
-                         "top_logprobs": [{"token": top.text, "logprob": top.logprob,
-                                           "bytes": _bytes(top.text)} for top in t.top]}
-                        for t in _content_tokens(tokens)]}
+    return {"content": token_logprobs(tokens)}
+
+
+def token_logprobs(tokens: list[sb.Token]) -> list[dict[str, object]]:
+    """The content tokens' log-probabilities with their top alternatives (chat's, and the
+    Responses API's)."""
+    return [{"token": t.text, "logprob": t.logprob, "bytes": _bytes(t.text),
+             "top_logprobs": [{"token": top.text, "logprob": top.logprob,
+                               "bytes": _bytes(top.text)} for top in t.top]}
+            for t in _content_tokens(tokens)]
 
 
 def _completion_logprobs(tokens: list[sb.Token], offset: int,

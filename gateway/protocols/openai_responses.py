@@ -5,10 +5,11 @@ or assistant; `content` a string or text parts, `input_text` or `output_text`), 
 `instructions` as a system message, rendered with the model's chat template on the server.
 Sampling is chat's (see openai.py: temperature 0 is greedy, vLLM's extras are accepted);
 `max_output_tokens` bounds the answer, which then ends "incomplete" with
-`incomplete_details.reason` "max_output_tokens"; `text.format` asks for JSON. Nothing is
-stored, so the reply says `store: false`, and a `previous_response_id` is not found (404, as
-vLLM without its store); tools, reasoning effort, `include`, background mode and
-`truncation: "auto"` are refused, naming them.
+`incomplete_details.reason` "max_output_tokens"; `text.format` asks for JSON; `include`
+"message.output_text.logprobs" (with `top_logprobs`) adds the tokens' log-probabilities.
+Nothing is stored, so the reply says `store: false`, and a `previous_response_id` is not found
+(404, as vLLM without its store); tools, reasoning effort, other `include` values, background
+mode and `truncation: "auto"` are refused, naming them.
 
 Streamed, the reply is OpenAI's events, each `event: <type>` with its JSON (`type`,
 `sequence_number`): response.created, response.in_progress, response.output_item.added and
@@ -26,26 +27,28 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from gateway.errors import RequestError, bad_request
-from gateway.protocols.generation import (Generation, add_output_format, generate_request,
-                                          optional_bool)
+from gateway.protocols.generation import (Generation, SequenceResult, add_output_format,
+                                          generate_request, optional_bool)
 from gateway.protocols.kserve import require_object
 from gateway.protocols.openai import (IGNORED_FIELDS, NAMES, SAMPLING_FIELDS, UNLIMITED,
                                       checked_document, message_text, requested_model,
-                                      sampling_values, token_limit)
+                                      sampling_values, token_limit, token_logprobs)
 from gateway.protocols.parameters import json_type
 from gateway.sse import sse_event
 from proto import switchboard_pb2 as sb
 
 FIELDS = (SAMPLING_FIELDS - {"n"}) | IGNORED_FIELDS | {
     "model", "input", "instructions", "max_output_tokens", "stream", "stream_options", "text",
-    "tools", "tool_choice", "previous_response_id", "reasoning", "include", "truncation",
-    "background"}
+    "tools", "tool_choice", "previous_response_id", "reasoning", "include", "top_logprobs",
+    "truncation", "background"}
 # Errors about the prompt name `input`; about the length, max_output_tokens.
 RESPONSES_NAMES = {**NAMES, "input": "prompt", "max_output_tokens": "max_new_tokens"}
 # Content part types that carry text (an input message's, an earlier answer's).
 TEXT_PARTS = ("input_text", "output_text")
 TEXT_FORMATS = ("text", "json_object", "json_schema")
 ROLES = ("user", "assistant", "system", "developer")
+# What `include` may ask for: the answer's log-probabilities (with top_logprobs alternatives).
+LOGPROBS = "message.output_text.logprobs"
 # The request's fields that the response object repeats, with OpenAI's defaults.
 ECHOED_DEFAULTS: dict[str, object] = {"instructions": None, "metadata": {},
                                       "parallel_tool_calls": True, "temperature": 1.0,
@@ -56,6 +59,7 @@ ECHOED_DEFAULTS: dict[str, object] = {"instructions": None, "metadata": {},
 class ResponsesOptions:
     model: str
     stream: bool
+    logprobs: bool  # the answer's tokens' log-probabilities, in its text part and deltas
     deadline_s: float
     # The request's fields the response object repeats (OpenAI's defaults where absent).
     echoed: Mapping[str, object]
@@ -71,6 +75,9 @@ def request_to_pb(document: object) -> tuple[sb.GenerateRequest, ResponsesOption
     values = sampling_values(document)
     max_tokens = token_limit(document, "max_output_tokens")
     values["max_new_tokens"] = UNLIMITED if max_tokens is None else max_tokens
+    logprobs = LOGPROBS in (document.get("include") or [])
+    if logprobs:
+        values.update(logprobs=True, top_logprobs=document.get("top_logprobs"))
     text_format = _text_format(document)
     names = add_output_format("text.format", _as_response_format(text_format), values,
                               RESPONSES_NAMES)
@@ -83,7 +90,8 @@ def request_to_pb(document: object) -> tuple[sb.GenerateRequest, ResponsesOption
     echoed["max_output_tokens"] = max_tokens
     echoed["text"] = {"format": text_format}
     return request, ResponsesOptions(model=requested_model(document), stream=stream,
-                                     deadline_s=deadline_s, echoed=echoed, names=names)
+                                     logprobs=logprobs, deadline_s=deadline_s, echoed=echoed,
+                                     names=names)
 
 
 def _refuse_unsupported(document: Mapping[str, object]) -> None:
@@ -99,8 +107,9 @@ def _refuse_unsupported(document: Mapping[str, object]) -> None:
     reasoning = document.get("reasoning")
     if reasoning is not None and require_object(reasoning, "reasoning").get("effort") is not None:
         raise bad_request("reasoning", "the served model does not reason")
-    if document.get("include"):
-        raise bad_request("include", "no extra output can be included")
+    include = document.get("include") or []
+    if not isinstance(include, list) or any(item != LOGPROBS for item in include):
+        raise bad_request("include", f"may ask for {LOGPROBS!r} only")
     if document.get("background"):
         raise bad_request("background", "background mode is not supported")
     if document.get("truncation") not in (None, "disabled"):
@@ -158,33 +167,41 @@ def _messages(instructions: object, items: object) -> sb.ChatMessages:
 def reply(options: ResponsesOptions, generation: Generation) -> dict[str, object]:
     """The finished response object."""
     [sequence] = generation.ordered()
-    return _response(options, generation, sequence.generated_text,
-                     sequence.finish_reason == "length")
+    return _response(options, generation, sequence)
 
 
-def _response(options: ResponsesOptions, generation: Generation | None, text: str | None,
-              cut: bool = False) -> dict[str, object]:
-    """The response object: in progress (no generation yet), else finished with `text`
-    (`cut`: by max_output_tokens)."""
-    done = generation is not None
+def _response(options: ResponsesOptions, generation: Generation | None = None,
+              sequence: SequenceResult | None = None) -> dict[str, object]:
+    """The response object: in progress (no generation yet), else finished."""
+    done = generation is not None and sequence is not None
+    cut = done and sequence.finish_reason == "length"
     status = "incomplete" if cut else "completed" if done else "in_progress"
     return {"id": options.id, "object": "response", "created_at": options.created_at,
             "status": status, "error": None,
             "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
-            "model": options.model, "output": [_message(options, text, status)] if done else [],
+            "model": options.model,
+            "output": [_message(options, status, _text_part(options, sequence.generated_text,
+                                                            sequence.tokens))] if done else [],
             "previous_response_id": None, "reasoning": None, "store": False,
             "tool_choice": "auto", "tools": [], "truncation": "disabled",
             "usage": _usage(generation) if done else None, **options.echoed}
 
 
-def _message(options: ResponsesOptions, text: str | None, status: str) -> dict[str, object]:
-    """The answer's output item; text None: just added, without content yet."""
+def _message(options: ResponsesOptions, status: str, part: dict[str, object] | None
+             ) -> dict[str, object]:
+    """The answer's output item; part None: just added, without content yet."""
     return {"id": options.message_id, "type": "message", "status": status, "role": "assistant",
-            "content": [] if text is None else [_text_part(text)]}
+            "content": [] if part is None else [part]}
 
 
-def _text_part(text: str) -> dict[str, object]:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def _text_part(options: ResponsesOptions, text: str, tokens: list[sb.Token]
+               ) -> dict[str, object]:
+    return {"type": "output_text", "text": text, "annotations": [],
+            "logprobs": _logprobs(options, tokens)}
+
+
+def _logprobs(options: ResponsesOptions, tokens: list[sb.Token]) -> list[dict[str, object]]:
+    return token_logprobs(tokens) if options.logprobs else []
 
 
 def _usage(generation: Generation) -> dict[str, object]:
@@ -203,21 +220,22 @@ class ResponseEvents:
         self.sequence_number = 0
         self.started = False
 
-    def add(self, text: str) -> list[bytes]:
+    def add(self, response: sb.GenerateResponse) -> list[bytes]:
         """The events of one piece of the answer (the opening ones before the first)."""
         events = []
         if not self.started:
             self.started = True
-            in_progress = _response(self.options, None, None)
+            in_progress = _response(self.options)
             events += [self._event("response.created", response=in_progress),
                        self._event("response.in_progress", response=in_progress),
                        self._event("response.output_item.added", output_index=0,
-                                   item=_message(self.options, None, "in_progress")),
+                                   item=_message(self.options, "in_progress", None)),
                        self._event("response.content_part.added", **self._where(),
-                                   part=_text_part(""))]
-        if text:
+                                   part=_text_part(self.options, "", []))]
+        if response.text:
             events.append(self._event("response.output_text.delta", **self._where(),
-                                      delta=text, logprobs=[]))
+                                      delta=response.text,
+                                      logprobs=_logprobs(self.options, list(response.tokens))))
         return events
 
     def finish(self, generation: Generation) -> bytes:
@@ -227,7 +245,7 @@ class ResponseEvents:
         [part] = item["content"]
         return b"".join([
             self._event("response.output_text.done", **self._where(), text=part["text"],
-                        logprobs=[]),
+                        logprobs=part["logprobs"]),
             self._event("response.content_part.done", **self._where(), part=part),
             self._event("response.output_item.done", output_index=0, item=item),
             self._event("response.completed", response=final)])

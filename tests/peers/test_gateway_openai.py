@@ -91,6 +91,18 @@ def test_a_response_cut_by_max_output_tokens_is_incomplete(client) -> None:
     assert response.usage.output_tokens == 2
 
 
+def test_a_response_includes_its_tokens_logprobs_when_asked(client) -> None:
+    response = client.responses.create(model=MODEL, input=QUESTION[0]["content"], temperature=0,
+                                       max_output_tokens=8, top_logprobs=2,
+                                       include=["message.output_text.logprobs"])
+    [part] = response.output[0].content
+    assert "".join(entry.token for entry in part.logprobs) == response.output_text
+    for entry in part.logprobs:
+        assert len(entry.top_logprobs) == 2 and entry.logprob <= 0
+        # Greedy: the chosen token is the most likely.
+        assert entry.logprob >= max(top.logprob for top in entry.top_logprobs) - 1e-4
+
+
 def test_a_previous_response_id_is_not_found(client) -> None:
     with pytest.raises(openai.NotFoundError) as refused:
         client.responses.create(model=MODEL, input="Hi", previous_response_id="resp_1")

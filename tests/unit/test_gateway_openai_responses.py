@@ -73,7 +73,8 @@ def test_a_json_schema_format_is_the_servers_guided_json() -> None:
     ({"input": "x", "tools": [{"type": "function", "name": "f"}]}, "tools"),
     ({"input": "x", "tool_choice": "required"}, "tool_choice"),
     ({"input": "x", "reasoning": {"effort": "low"}}, "reasoning"),
-    ({"input": "x", "include": ["message.output_text.logprobs"]}, "include"),
+    ({"input": "x", "include": ["reasoning.encrypted_content"]}, "include"),
+    ({"input": "x", "include": "message.output_text.logprobs"}, "include"),
     ({"input": "x", "background": True}, "background"),
     ({"input": "x", "truncation": "auto"}, "truncation"),
     ({"input": "x", "text": {"format": {"type": "grammar"}}}, "text.format.type"),
@@ -94,9 +95,16 @@ def test_a_previous_response_is_not_found_as_none_is_stored() -> None:
     assert (error.status, error.field) == (404, "previous_response_id")
 
 
-def generated(text: str, finish_reason: str = "", *, tokens: int = 0) -> sb.GenerateResponse:
-    return sb.GenerateResponse(text=text, finish_reason=finish_reason, generated_tokens=tokens,
-                               prompt_tokens=7, cached_tokens=2)
+def generated(text: str, finish_reason: str = "", *, tokens: int = 0,
+              logprob: float | None = None) -> sb.GenerateResponse:
+    """A response; with `logprob`, its text is one token of that log-probability, with one
+    alternative."""
+    response = sb.GenerateResponse(text=text, finish_reason=finish_reason,
+                                   generated_tokens=tokens, prompt_tokens=7, cached_tokens=2)
+    if logprob is not None:
+        response.tokens.add(id=1, text=text, logprob=logprob).top.add(id=2, text="x",
+                                                                      logprob=logprob - 1)
+    return response
 
 
 def finished(*texts: str, finish_reason: str) -> Generation:
@@ -143,8 +151,8 @@ def test_a_stream_is_openais_events_numbered_in_order() -> None:
     _, options = responses.request_to_pb({"model": "m", "input": "x", "stream": True})
     events = responses.ResponseEvents(options)
     generation = finished(" Paris", "", ".", finish_reason="eos_token")
-    chunks = [*events.add(" Paris"), *events.add(""), *events.add("."),
-              events.finish(generation)]
+    chunks = [*events.add(generated(" Paris")), *events.add(generated("")),
+              *events.add(generated(".")), events.finish(generation)]
     stream = parsed(chunks)
     assert [name for name, _ in stream] == [
         "response.created", "response.in_progress", "response.output_item.added",
@@ -166,8 +174,30 @@ def test_a_stream_is_openais_events_numbered_in_order() -> None:
 def test_an_error_in_a_stream_is_openais_error_event() -> None:
     _, options = responses.request_to_pb({"input": "x", "stream": True})
     events = responses.ResponseEvents(options)
-    events.add("Hi")
+    events.add(generated("Hi"))
     [(name, data)] = parsed([events.error({"error": {
         "message": "timed out", "type": "timeout_error", "param": None, "code": 504}})])
     assert (name, data) == ("error", {"type": "error", "sequence_number": 5, "code": "504",
                                       "message": "timed out", "param": None})
+
+
+def test_logprobs_are_included_when_asked_for_in_the_part_and_each_delta() -> None:
+    request, options = responses.request_to_pb({
+        "input": "x", "stream": True, "include": ["message.output_text.logprobs"],
+        "top_logprobs": 1})
+    assert params(request)["logprobs"] is True and params(request)["top_logprobs"] == 1
+    events = responses.ResponseEvents(options)
+    generation = Generation()
+    chunks = []
+    for response in (generated("Hi", logprob=-0.5, tokens=1),
+                     generated("!", "eos_token", logprob=-1.5, tokens=2)):
+        generation.add(response)
+        chunks += events.add(response)
+    stream = dict(parsed([*chunks, events.finish(generation)]))
+    hi = {"token": "Hi", "logprob": -0.5, "bytes": [72, 105],
+          "top_logprobs": [{"token": "x", "logprob": -1.5, "bytes": [120]}]}
+    assert stream["response.output_text.delta"]["logprobs"][0]["logprob"] == -1.5  # the last
+    [part] = stream["response.completed"]["response"]["output"][0]["content"]
+    assert part["logprobs"][0] == hi and [entry["token"] for entry in part["logprobs"]] == \
+        ["Hi", "!"]
+    assert stream["response.output_text.done"]["logprobs"] == part["logprobs"]
