@@ -9,6 +9,18 @@ from collections.abc import MutableMapping
 # vLLM's names of the parameters whose MindIE names differ.
 NAMES = {"max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens"}
 DEFAULT_MAX_TOKENS = 16  # vLLM's SamplingParams default
+INT64 = range(-2**63, 2**63)
+UINT64_SPAN = 2**64
+
+
+def seed_as_uint64(seed: int) -> int | None:
+    """vLLM's seed (an int64) as the engine's (a uint64): -1 is none (a random seed), as
+    vLLM reads it; another negative seed is its two's complement, seed + 2^64 (as torch reads
+    a negative seed), so that every int64 keeps its own seed. A seed beyond the int64s goes on
+    as it is, for the engine to refuse."""
+    if seed == -1:
+        return None
+    return seed % UINT64_SPAN if seed in INT64 else seed
 
 
 def apply_vllm_defaults(values: MutableMapping[str, object]) -> None:

@@ -163,15 +163,13 @@ def _check_outputs(request: pb.ModelInferRequest, kind: InputKind,
 
 def _vllm_parameters(parameters: Mapping[str, pb.InferParameter],
                      controls: Mapping[str, bool | str]) -> dict[str, object]:
-    """The sampling_parameters tensor's, else the request's parameters read by vLLM's names
-    (as the backend reads them); Triton's priority and timeout keep their meaning."""
+    """The sampling_parameters tensor's, else the request's parameters read by vLLM's names:
+    as the backend reads them, the tensor wins and the request's parameters are then ignored
+    (its sample client sends both), but for Triton's priority and timeout."""
     values = parameter_values(parameters)
     sampling = controls.get(triton_vllm.SAMPLING_INPUT)
     if sampling is not None:
-        scheduling = {name: values.pop(name) for name in ("priority", "timeout") if name in values}
-        if values:
-            raise InvalidRequest(next(iter(values)), "is a request parameter beside the "
-                                 "sampling_parameters tensor: send all sampling parameters in it")
+        scheduling = {name: values[name] for name in ("priority", "timeout") if name in values}
         values = {**triton_vllm.sampling_object(sampling), **scheduling}
     return _carried(triton_vllm.engine_parameters(values))
 
@@ -184,15 +182,28 @@ def check_client_id(client_id: str) -> None:
 def build_engine_request(call: InferCall, request_id: str, encode: Callable[[str], list[int]],
                          limits: EngineLimits) -> GenerationRequest:
     """Validate through the engine's one validation, with MindIE's seed range (this is its
-    Triton interface); prompt errors name the input tensor."""
+    Triton interface) or vLLM's (its backend's interface, whose errors name vLLM's fields);
+    prompt errors name the input tensor."""
     token_ids = encode(call.prompt) if isinstance(call.prompt, str) else call.prompt
     try:
-        return build_request(request_id, token_ids, call.parameters, limits,
-                             seed_range=MINDIE_SEED_RANGE)
+        if call.vllm is None:
+            return build_request(request_id, token_ids, call.parameters, limits,
+                                 seed_range=MINDIE_SEED_RANGE)
+        return build_request(request_id, token_ids, call.parameters, limits)
     except InvalidRequest as error:
-        if error.field != "prompt":
+        field = _field_name(call, error.field)
+        if field == error.field:
             raise
-        raise type(error)(call.kind.input_name, error.reason) from None
+        raise type(error)(field, error.reason) from None
+
+
+def _field_name(call: InferCall, field: str) -> str:
+    """A validation error's field as the request's interface names it."""
+    if field == "prompt":
+        return call.kind.input_name
+    if call.vllm is not None:
+        return triton_vllm.FIELD_NAMES.get(field, field)
+    return field
 
 
 def parameters_from_pb(parameters: Mapping[str, pb.InferParameter]) -> dict[str, object]:

@@ -43,7 +43,15 @@ FINISH_REASONS = {FinishReason.LENGTH: "length", FinishReason.EOS: "stop",
 INT_FIELDS = frozenset({"max_tokens", "min_tokens", "top_k", "seed", "n", "best_of"})
 FLOAT_FIELDS = frozenset({"temperature", "top_p", "min_p", "presence_penalty",
                           "frequency_penalty", "repetition_penalty"})
-BOOL_FIELDS = frozenset({"ignore_eos", "skip_special_tokens", "include_stop_str_in_output"})
+BOOL_FIELDS = frozenset({"ignore_eos", "skip_special_tokens", "include_stop_str_in_output",
+                         "spaces_between_special_tokens"})
+# vLLM's structured-output object (SamplingParams' guided_decoding, later structured_outputs):
+# its keys that are the engine's pattern parameters, and those that choose how (ignored).
+STRUCTURED_OUTPUT_FIELDS = ("guided_decoding", "structured_outputs")
+STRUCTURED_OUTPUTS = {"json": "guided_json", "regex": "guided_regex", "choice": "guided_choice"}
+IGNORED_STRUCTURED_OUTPUT_KEYS = frozenset({"backend", "disable_fallback"})
+# The engine's names of vLLM's fields, back to vLLM's (for error messages).
+FIELD_NAMES = {engine: vllm for vllm, engine in vllm_sampling.NAMES.items()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,12 +88,43 @@ def sampling_object(text: str) -> dict[str, object]:
 
 
 def engine_parameters(values: Mapping[str, object]) -> dict[str, object]:
-    """vLLM's sampling parameters under the engine's names, with vLLM's defaults; strings of
-    numbers and booleans become them. Null values are left out, as the backend does."""
+    """vLLM's sampling parameters under the engine's names, with vLLM's defaults and its
+    seed (see vllm_sampling.seed_as_uint64); strings of numbers and booleans become them.
+    Null values are left out, as the backend does."""
     result = {vllm_sampling.NAMES.get(name, name): _typed(name, value)
               for name, value in values.items() if value is not None}
+    if isinstance(result.get("seed"), int) and not isinstance(result["seed"], bool):
+        seed = vllm_sampling.seed_as_uint64(result.pop("seed"))
+        if seed is not None:
+            result["seed"] = seed
+    # Without effect here: special tokens never appear in text_output.
+    if not isinstance(result.pop("spaces_between_special_tokens", True), bool):
+        raise InvalidRequest("spaces_between_special_tokens", "must be true or false")
+    for holder in STRUCTURED_OUTPUT_FIELDS:
+        if holder in result:
+            result.update(_structured_output(holder, result.pop(holder)))
     vllm_sampling.apply_vllm_defaults(result)
     return result
+
+
+def _structured_output(holder: str, spec: object) -> dict[str, object]:
+    """vLLM's structured-output object (`{"json": schema}`, `{"regex": …}`, `{"choice": […]}`
+    or `{"json_object": true}`) as the engine's pattern parameter."""
+    if not isinstance(spec, Mapping):
+        raise InvalidRequest(holder, f"must be an object such as {{\"choice\": [...]}}; got "
+                             f"{spec!r}")
+    pattern: dict[str, object] = {}
+    for key, value in spec.items():
+        if value is None or value is False or key in IGNORED_STRUCTURED_OUTPUT_KEYS:
+            continue
+        if key == "json_object":
+            pattern["guided_json"] = {"type": "object"}
+        elif key in STRUCTURED_OUTPUTS:
+            pattern[STRUCTURED_OUTPUTS[key]] = value
+        else:
+            raise InvalidRequest(f"{holder}.{key}", f"is not supported; "
+                                 f"{', '.join([*STRUCTURED_OUTPUTS, 'json_object'])} are")
+    return pattern
 
 
 def finish_reason_text(reason: FinishReason | None) -> str:

@@ -10,8 +10,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from gateway.errors import RequestError, bad_request
-from gateway.protocols.parameters import INT64_MAX, UINT32_MAX, UINT64_MAX, set_parameters
+from gateway.protocols.parameters import INT64_MAX, UINT32_MAX, set_parameters
 from proto import switchboard_pb2 as sb
+from proto import vllm_sampling
 
 # The server's name for the prompt, whatever a protocol calls it.
 PROMPT = "prompt"
@@ -48,18 +49,15 @@ def generate_request(model: str, prompt: str | list[int] | sb.ChatMessages,
 
 
 def int64_seed(seed: object) -> object:
-    """vLLM's and OpenAI's seed (an int64) as the server's (a uint64): -1 is none (a random
-    seed), as vLLM reads it; another negative seed is its two's complement, seed + 2^64 (as
-    torch reads a negative seed), so every int64 keeps its own seed, the same at every call.
-    What is no integer goes on as it is, for the server to refuse."""
+    """vLLM's and OpenAI's seed (an int64) as the server's (a uint64, see
+    vllm_sampling.seed_as_uint64); one beyond the int64s is refused. What is no integer goes
+    on as it is, for the server to refuse."""
     if isinstance(seed, bool) or not isinstance(seed, int):
         return seed
-    if seed == -1:
-        return None
-    if not -INT64_MAX - 1 <= seed <= INT64_MAX:
+    if seed not in vllm_sampling.INT64:
         raise bad_request("seed", f"must be an integer in [{-INT64_MAX - 1}, {INT64_MAX}] (-1: "
                           f"random); got {seed}")
-    return seed % (UINT64_MAX + 1)
+    return vllm_sampling.seed_as_uint64(seed)
 
 
 def add_output_format(field: str, value: object, values: dict[str, object],

@@ -175,13 +175,16 @@ def vllm_inputs(prompt: str, sampling: dict[str, str], **controls: bool
 
 def test_a_vllm_backend_client_is_served(grpc_server, client_files, client) -> None:
     """Triton's vLLM backend's interface: unstreamed, one response with the prompt and the
-    text; streamed, the new text in parts; vLLM's parameter names, numbers as strings."""
+    text; streamed, the new text in parts; vLLM's parameter names, numbers as strings. As the
+    backend's sample client, the first request sends its sampling parameters as request
+    parameters too (its defaults there): the tensor's hold."""
     prompt = "The capital of France is"
     greedy = generate_text(client, prompt, do_sample=False, max_new_tokens=8)
     sampling = {"temperature": "0", "max_tokens": "8", "ignore_eos": "true"}
     [whole] = stream(grpc_server.address, client_files, [{
         "inputs": vllm_inputs(prompt, sampling, stream=False, return_finish_reason=True,
                               return_num_input_tokens=True, return_num_output_tokens=True),
+        "parameters": {"temperature": "0.1", "top_p": "0.95", "max_tokens": "100"},
         "request_id": "whole"}])
     assert whole.as_numpy("text_output")[0].decode() == prompt + greedy
     assert whole.as_numpy("finish_reason")[0].decode() == "length"

@@ -7,13 +7,15 @@ import json
 
 import numpy as np
 import pytest
-from test_codec import (TEXT, add_string, output, rejection, text_request, token_request,
-                        with_parameters)
+from test_codec import (LIMITS, TEXT, add_string, output, rejection, text_request,
+                        token_request, with_parameters)
 
+from engine.errors import InvalidRequest
 from engine.request import FinishReason
 from proto import grpc_service_pb2 as pb
-from server.codec import (InferResult, decode_infer_request, final_stream_response,
-                          infer_response, serialize_bytes, stream_response)
+from server.codec import (InferResult, build_engine_request, decode_infer_request,
+                          final_stream_response, infer_response, serialize_bytes,
+                          stream_response)
 from server.triton_vllm import VllmOptions
 
 
@@ -64,11 +66,39 @@ def test_without_the_tensor_the_request_parameters_are_read_by_vllms_names() -> 
                                                         "priority": 2}
 
 
-def test_the_tensor_keeps_tritons_priority_and_timeout_beside_it() -> None:
+def test_the_tensor_wins_over_the_request_parameters_but_tritons_priority_and_timeout() -> None:
+    """As the backend reads them: its sample client sends the sampling parameters both as the
+    tensor and as request parameters (as strings), and the request parameters are ignored."""
     request = with_parameters(vllm_request(sampling={"max_tokens": 3}), priority=1,
-                              timeout=2_000_000)
+                              timeout=2_000_000, max_tokens="100", top_p="0.95")
     assert decode_infer_request(request).parameters == {
         "max_new_tokens": 3, "do_sample": True, "priority": 1, "timeout": 2.0}
+
+
+def vllm_engine_request(sampling: dict) -> object:
+    call = decode_infer_request(vllm_request(stream=False, sampling=sampling))
+    return build_engine_request(call, "r", lambda text: [1, 2], LIMITS).sampling
+
+
+@pytest.mark.parametrize(("seed", "engine_seed"), [(0, 0), (7, 7), (-2, 2**64 - 2)])
+def test_seeds_are_vllms_int64s_0_included(seed: int, engine_seed: int) -> None:
+    assert vllm_engine_request({"temperature": 0.7, "seed": seed}).seed == engine_seed
+
+
+def test_seed_minus_1_draws_a_random_seed_as_vllm_reads_it() -> None:
+    call = decode_infer_request(vllm_request(sampling={"seed": -1}))
+    assert "seed" not in call.parameters
+
+
+def test_structured_outputs_in_vllms_object_are_the_engines_patterns() -> None:
+    for holder in ("guided_decoding", "structured_outputs"):
+        call = decode_infer_request(vllm_request(sampling={holder: {
+            "choice": ["yes", "no"], "backend": "xgrammar"}}))
+        assert call.parameters["guided_choice"] == ["yes", "no"]
+    call = decode_infer_request(vllm_request(sampling={"structured_outputs": {
+        "json_object": True}, "spaces_between_special_tokens": "false"}))
+    assert call.parameters["guided_json"] == {"type": "object"}
+    assert "spaces_between_special_tokens" not in call.parameters
 
 
 def test_exclude_input_in_output_and_the_extra_outputs_asked_for() -> None:
@@ -90,13 +120,26 @@ def test_exclude_input_in_output_and_the_extra_outputs_asked_for() -> None:
     (vllm_request(sampling={"ignore_eos": "yes"}), "ignore_eos", "must be true or false"),
     (vllm_request(sampling={"logprobs": 2}), "logprobs", "not available over KServe v2"),
     (vllm_request(sampling={"n": 2}), "n", "only 1"),
-    (with_parameters(vllm_request(sampling={}), max_tokens=3), "max_tokens",
-     "beside the sampling_parameters tensor"),
+    (vllm_request(sampling={"guided_decoding": {"grammar": "root ::= x"}}),
+     "guided_decoding.grammar", "is not supported"),
+    (vllm_request(sampling={"structured_outputs": ["x"]}), "structured_outputs",
+     "must be an object"),
+    (vllm_request(sampling={"spaces_between_special_tokens": 1}),
+     "spaces_between_special_tokens", "must be true or false"),
 ])
 def test_invalid_vllm_requests_name_the_field(request_: pb.ModelInferRequest, field: str,
                                               reason: str) -> None:
     error = rejection(request_)
     assert error.field == field and reason in error.reason
+
+
+@pytest.mark.parametrize(("sampling", "field"), [
+    ({"max_tokens": 0}, "max_tokens"), ({"min_tokens": -1}, "min_tokens"),
+    ({"seed": 2**64}, "seed"), ({"top_p": 2}, "top_p")])
+def test_engine_validation_errors_name_vllms_fields(sampling: dict, field: str) -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        vllm_engine_request(sampling)
+    assert caught.value.field == field and caught.value.message.startswith(f"{field}: ")
 
 
 def test_control_tensors_go_with_text_input_and_their_datatype() -> None:
