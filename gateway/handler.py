@@ -240,9 +240,12 @@ class Handler(tornado.web.RequestHandler):
 
 
 class NotFoundHandler(Handler):
-    """Unknown paths: 404 in the JSON error shape."""
+    """Unknown paths: 404 in the JSON error shape, answered once the body is read (refused
+    in `prepare`, the unread body would make Tornado close the connection)."""
 
-    def prepare(self) -> None:
+    def _not_found(self, *args: str) -> None:
         raise RequestError(404, f"no route for {self.request.method} {self.request.path}")
+
+    get = post = put = patch = delete = head = options = _not_found
 
 

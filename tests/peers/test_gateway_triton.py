@@ -6,13 +6,14 @@ Runs with the other tests under tests/peers (their own pytest process: tritoncli
 
 from __future__ import annotations
 
+import json
 import re
 
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
-from gateway_clients import (MODEL, curl_with, fetch, long_generation, open_stream, poll,
-                             request, slot_count, unique_id)
+from gateway_clients import (MODEL, connect, curl_with, fetch, long_generation, open_stream,
+                             poll, request, slot_count, unique_id)
 
 # "The capital of France is" in SmolLM2's vocabulary.
 PROMPT_IDS = [504, 3575, 282, 4649, 314]
@@ -340,6 +341,24 @@ def test_unknown_model_is_not_found(gateway, client_files, route) -> None:
                             f"/v2/models/no-such-model{route}", body)
     assert status == 404
     assert "no-such-model" in reply["error"]
+
+
+@pytest.mark.parametrize(("method", "body"), [("GET", None), ("POST", b'{"x": 1}'),
+                                            ("DELETE", None)])
+def test_an_unknown_route_is_a_404_on_a_connection_that_stays_open(gateway, client_files,
+                                                                   method, body) -> None:
+    """A pooled client's next request goes on the same connection."""
+    connection = connect(gateway.url("business"), client_files)
+    try:
+        connection.request(method, "/v1/no-such-route", body)
+        response = connection.getresponse()
+        assert response.status == 404
+        assert "no route for" in json.loads(response.read())["error"]
+        assert response.getheader("Connection") != "close"
+        connection.request("GET", "/v2/health/live")
+        assert connection.getresponse().status == 200
+    finally:
+        connection.close()
 
 
 @pytest.mark.parametrize("route", ["infer", "generate", "generate_stream", "stopInfer"])
