@@ -198,6 +198,7 @@ OPENAI_COMMON: dict[str, JSON] = {
         "value": {}}, ["type"]),
     # Accepted, without effect.
     "user": STRING, "store": BOOLEAN, "metadata": {"type": "object"}, "service_tier": STRING,
+    "prompt_cache_key": STRING, "prompt_cache_retention": STRING, "safety_identifier": STRING,
     "parallel_tool_calls": BOOLEAN,
 }
 TEXT_PART = obj({"type": only("text", STRING), "text": STRING}, ["type", "text"])
@@ -273,7 +274,9 @@ REQUESTS: dict[str, JSON] = {
                     "top_logprobs": TOP_LOGPROBS,
                     "truncation": only("disabled", STRING), "store": BOOLEAN,
                     "metadata": {"type": "object"}, "user": STRING,
-                    "parallel_tool_calls": BOOLEAN}),
+                    "parallel_tool_calls": BOOLEAN, "service_tier": STRING,
+                    "prompt_cache_key": STRING, "prompt_cache_retention": STRING,
+                    "safety_identifier": STRING}),
         "input": {"oneOf": [PROMPT, array(obj({
             "type": only("message", STRING),
             "role": {"type": "string", "enum": ["system", "developer", "user", "assistant"]},

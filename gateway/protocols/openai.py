@@ -52,7 +52,8 @@ SAMPLING_FIELDS = frozenset({"temperature", "top_p", "n", "stop", "seed", "prese
 # `model` values meaning the served model (see the module's docstring).
 SERVED_MODEL_PLACEHOLDERS = frozenset({"tgi", "dummy"})
 # Accepted and without effect here (OpenAI's bookkeeping fields).
-IGNORED_FIELDS = frozenset({"user", "store", "metadata", "service_tier", "parallel_tool_calls"})
+IGNORED_FIELDS = frozenset({"user", "store", "metadata", "service_tier", "parallel_tool_calls",
+                            "prompt_cache_key", "prompt_cache_retention", "safety_identifier"})
 CHAT_FIELDS = SAMPLING_FIELDS | IGNORED_FIELDS | {
     "model", "messages", "max_tokens", "max_completion_tokens", "logprobs", "top_logprobs",
     "stream", "stream_options", "tools", "tool_choice", "response_format", "logit_bias"}
@@ -70,7 +71,8 @@ HTTP_STATUS = {
     grpc.StatusCode.UNAUTHENTICATED: 401,
     grpc.StatusCode.PERMISSION_DENIED: 403,
 }
-ERROR_TYPES = {400: "invalid_request_error", 413: "invalid_request_error",
+ERROR_TYPES = {400: "invalid_request_error", 405: "invalid_request_error",
+               413: "invalid_request_error",
                404: "not_found_error", 401: "authentication_error", 403: "permission_error",
                429: "rate_limit_error", 504: "timeout_error"}
 
@@ -190,6 +192,10 @@ def sampling_values(document: Mapping[str, object]) -> dict[str, object]:
         values["do_sample"] = False
     elif temperature is None:
         values["do_sample"] = True
+    elif isinstance(temperature, int | float) and not isinstance(temperature, bool) \
+            and temperature < 0:
+        # The server's range is MindIE's (0, inf): here 0 is allowed too, meaning greedy.
+        raise bad_request("temperature", f"must be in [0, inf) (0: greedy); got {temperature}")
     return values
 
 
@@ -244,9 +250,12 @@ def message_text(content: object, where: str, part_types: Sequence[str] = ("text
     texts = []
     for index, part in enumerate(content):
         part = require_object(part, f"{where}.content[{index}]")
-        if part.get("type") not in part_types or not isinstance(part.get("text"), str):
+        if part.get("type") not in part_types:
             raise bad_request(f"{where}.content[{index}]",
                               f"only text parts ({', '.join(part_types)}) are supported")
+        if not isinstance(part.get("text"), str):
+            raise bad_request(f"{where}.content[{index}].text",
+                              f"must be a string; got {json_type(part.get('text'))}")
         texts.append(part["text"])
     return "\n".join(texts)
 

@@ -51,8 +51,9 @@ ROLES = ("user", "assistant", "system", "developer")
 LOGPROBS = "message.output_text.logprobs"
 # The request's fields that the response object repeats, with OpenAI's defaults.
 ECHOED_DEFAULTS: dict[str, object] = {"instructions": None, "metadata": {},
-                                      "parallel_tool_calls": True, "temperature": 1.0,
-                                      "top_p": 1.0, "user": None}
+                                      "parallel_tool_calls": True, "service_tier": "auto",
+                                      "temperature": 1.0, "top_logprobs": 0, "top_p": 1.0,
+                                      "user": None}
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +156,8 @@ def _messages(instructions: object, items: object) -> sb.ChatMessages:
         if item.get("type", "message") != "message":
             raise bad_request(f"{where}.type", f"only messages are supported; got "
                               f"{item.get('type')!r}")
+        if item.get("content") is None:
+            raise bad_request(f"{where}.content", "is required: a string or text parts")
         role = item.get("role")
         if role not in ROLES:
             raise bad_request(f"{where}.role", f"must be one of {', '.join(ROLES)}; got "
@@ -183,6 +186,7 @@ def _response(options: ResponsesOptions, generation: Generation | None = None,
             "output": [_message(options, status, _text_part(options, sequence.generated_text,
                                                             sequence.tokens))] if done else [],
             "previous_response_id": None, "reasoning": None, "store": False,
+            "background": False, "max_tool_calls": None,
             "tool_choice": "auto", "tools": [], "truncation": "disabled",
             "usage": _usage(generation) if done else None, **options.echoed}
 

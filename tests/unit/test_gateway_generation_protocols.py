@@ -765,7 +765,8 @@ def test_chat_accepts_what_means_no_tools_and_plain_text() -> None:
     ([USER, {"role": "user", "content": [{"type": "text", "text": "a"},
                                          {"type": "image_url", "image_url": {"url": "x"}}]}],
      "messages[1].content[1]"),
-    ([{"role": "user", "content": [{"type": "text", "text": 5}]}], "messages[0].content[0]"),
+    ([{"role": "user", "content": [{"type": "text", "text": 5}]}],
+     "messages[0].content[0].text"),
     ([{"role": "user", "content": ["Hi"]}], "messages[0].content[0]"),
 ], ids=["missing", "string", "object", "message-string", "no-role", "role-int", "content-int",
         "content-object", "image-part", "text-not-string", "part-string"])

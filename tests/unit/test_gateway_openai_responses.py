@@ -69,6 +69,10 @@ def test_a_json_schema_format_is_the_servers_guided_json() -> None:
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}]},
      "input[0].content[0]"),
     ({"input": [{"role": "user", "content": 5}]}, "input[0].content"),
+    ({"input": [{"role": "user"}]}, "input[0].content"),
+    ({"input": [{"role": "user", "content": [{"type": "input_text"}]}]},
+     "input[0].content[0].text"),
+    ({"input": "x", "temperature": -1}, "temperature"),
     ({"input": "x", "instructions": ["a"]}, "instructions"),
     ({"input": "x", "tools": [{"type": "function", "name": "f"}]}, "tools"),
     ({"input": "x", "tool_choice": "required"}, "tool_choice"),
@@ -83,11 +87,20 @@ def test_a_json_schema_format_is_the_servers_guided_json() -> None:
     ({"input": "x", "max_output_tokens": "5"}, "max_output_tokens"),
     ({"input": "x", "stream": "yes"}, "stream"),
     ({"input": "x", "n": 2}, "n"),
+    ({"input": "x", "verbosity": "low"}, "verbosity"),
 ])
 def test_what_is_not_supported_is_refused_naming_the_field(document: dict[str, object],
                                                            field: str) -> None:
     error = refusal(document)
     assert (error.status, error.field) == (400, field)
+
+
+def test_openais_bookkeeping_fields_are_accepted_without_effect() -> None:
+    request, options = responses.request_to_pb({
+        "input": "x", "prompt_cache_key": "k", "prompt_cache_retention": "24h",
+        "safety_identifier": "u1", "service_tier": "flex", "store": True, "user": "u"})
+    assert params(request) == {"do_sample": True, "max_new_tokens": UNLIMITED}
+    assert (options.echoed["service_tier"], options.echoed["user"]) == ("flex", "u")
 
 
 def test_a_previous_response_is_not_found_as_none_is_stored() -> None:

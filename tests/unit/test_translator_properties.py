@@ -379,8 +379,9 @@ def test_mindie_token_ids_round_trip(ids: list[int]) -> None:
 @ROUND_TRIP
 @given(model=TEXT, messages=st.lists(st.fixed_dictionaries({"role": TEXT, "content": TEXT}),
                                      max_size=3),
-       temperature=st.none() | st.just(0) | FINITE, max_tokens=st.none() | st.integers(1, 2**31),
-       seed=INT64_SEEDS, stop=STOPS, logprobs=st.booleans(), n=st.integers(1, 4))
+       temperature=st.none() | st.just(0) | FINITE.filter(lambda value: value >= 0),
+       max_tokens=st.none() | st.integers(1, 2**31), seed=INT64_SEEDS, stop=STOPS,
+       logprobs=st.booleans(), n=st.integers(1, 4))
 def test_openai_chat_round_trip(model: str, messages: list[dict[str, str]],
                                 temperature: float | None, max_tokens: int | None, seed: int,
                                 stop: list[str] | str, logprobs: bool, n: int) -> None:
