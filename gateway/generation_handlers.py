@@ -287,6 +287,21 @@ class ChatCompletionsHandler(CompletionsHandler):
     chat = True
 
 
+class StoredResponseHandler(OpenAIHandler):
+    """OpenAI's retrieve and delete of a stored response (and its cancel, below): none is
+    stored here, so each is not found, as vLLM answers without its store."""
+
+    async def _not_found(self, response_id: str) -> None:
+        raise RequestError(404, f"Response with id {response_id!r} not found: responses are "
+                           "not stored here", "response_id")
+
+    get = delete = _not_found
+
+
+class CancelResponseHandler(OpenAIHandler):
+    post = StoredResponseHandler._not_found
+
+
 class ResponsesHandler(OpenAIHandler):
     """OpenAI's /v1/responses."""
 

@@ -636,6 +636,11 @@ OPERATIONS: dict[str, dict[str, Operation]] = {
         "Server-Sent Events, `event:` and `data:` with `type` and `sequence_number`, from "
         "response.created to response.completed)",
         {**json_reply("Response"), **SSE}, ref("ResponsesRequest"))},
+    "openai_stored_response": {
+        "get": Operation("OpenAI's retrieve of a stored response: none is stored (404)", None),
+        "delete": Operation("OpenAI's delete of a stored response: none is stored (404)", None)},
+    "openai_cancel_response": {"post": Operation(
+        "OpenAI's cancel of a background response: none is stored (404)", None)},
     "mindie_infer": {"post": Operation(f"MindIE's text interface (streamed: {GENERATION_STREAM})",
                                        {**json_reply("MindIEResponse"), **SSE},
                                        ref("MindIEInferRequest"))},

@@ -103,6 +103,14 @@ def test_a_response_includes_its_tokens_logprobs_when_asked(client) -> None:
         assert entry.logprob >= max(top.logprob for top in entry.top_logprobs) - 1e-4
 
 
+@pytest.mark.parametrize("action", ["retrieve", "delete", "cancel"])
+def test_no_stored_response_is_found(client, action: str) -> None:
+    with pytest.raises(openai.NotFoundError) as refused:
+        getattr(client.responses, action)("resp_1")
+    assert refused.value.body["param"] == "response_id"
+    assert_still_serving(client)
+
+
 def test_a_previous_response_id_is_not_found(client) -> None:
     with pytest.raises(openai.NotFoundError) as refused:
         client.responses.create(model=MODEL, input="Hi", previous_response_id="resp_1")
