@@ -5,11 +5,13 @@ A request sends `text_input` with any of the backend's optional control tensors:
 (BOOL: a response per step rather than one at the end), `exclude_input_in_output` (BOOL;
 unstreamed, the prompt leads the output unless it is true; streamed, it must not be false),
 `sampling_parameters` (a JSON object of vLLM's SamplingParams, numbers possibly as strings;
-without it, the request's parameters are read by the same names), and `return_finish_reason`,
+without it, the request's parameters are read by the same names; with it, they are ignored, as
+the backend does, but for Triton's priority and timeout), and `return_finish_reason`,
 `return_num_input_tokens`, `return_num_output_tokens` (BOOL), which add the outputs
 `finish_reason` (vLLM's "length", "stop" or "abort"; "None" until the end), `num_input_tokens`
 and `num_output_tokens` (of that response) beside `text_output`. vLLM's defaults hold:
-16 new tokens, sampling at temperature 1 (temperature 0 is greedy, top_k -1 no cut).
+16 new tokens, sampling at temperature 1 (temperature 0 is greedy, top_k -1 no cut), seeds
+as vLLM's int64s; errors name vLLM's fields.
 
 `text_input` alone stays MindIE's text interface (no prompt in the output, MindIE's parameter
 names): the two cannot be told apart without a control tensor.
