@@ -12,6 +12,7 @@ import grpc
 
 from engine.chat import ChatMessage
 from engine.errors import EngineError, InvalidRequest
+from engine.params import GenerationRequest
 from engine.protocol import EngineClient
 from engine.request import RequestOutput, TokenLogprob
 from engine.validation import INT_RANGES, MINDIE_SEED_RANGE, build_request, check_vocabulary
@@ -50,7 +51,7 @@ class GenerationServicer(sb_grpc.GenerationServicer):
             tokens = TokenDescriber(engine)
             async with contextlib.aclosing(self.served.generate(spec, request.id)) as events:
                 async for event in events:
-                    yield generate_response(event, spec.prompt_token_ids, tokens)
+                    yield generate_response(event, spec, tokens)
         except EngineError as error:
             await context.abort(status_for(error), error.message)
 
@@ -128,7 +129,7 @@ def _value(logprob: TokenLogprob | float | None) -> float | None:
     return logprob.logprob if isinstance(logprob, TokenLogprob) else logprob
 
 
-def generate_response(event: RequestOutput, prompt_token_ids: Sequence[int],
+def generate_response(event: RequestOutput, spec: GenerationRequest,
                       tokens: TokenDescriber) -> sb.GenerateResponse:
     logprobs: Sequence[TokenLogprob | None] = event.logprobs or [None] * len(event.new_token_ids)
     response = sb.GenerateResponse(
@@ -140,9 +141,10 @@ def generate_response(event: RequestOutput, prompt_token_ids: Sequence[int],
         generated_tokens=event.num_generated_tokens,
         seed=event.seed,
         cached_tokens=event.num_cached_tokens,
+        sampled=spec.sampling.do_sample,
     )
     if event.prompt_logprobs:
-        response.prompt.extend(tokens.tokens(prompt_token_ids, event.prompt_logprobs))
+        response.prompt.extend(tokens.tokens(spec.prompt_token_ids, event.prompt_logprobs))
     if event.timings is not None:
         response.queue_wait_us = round(event.timings.queue_wait * codec.MICROSECONDS)
         response.first_token_us = round(event.timings.first_token * codec.MICROSECONDS)

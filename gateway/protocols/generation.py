@@ -146,6 +146,7 @@ class SequenceResult:
     finish_reason: str = ""
     generated_tokens: int = 0
     seed: int = 0
+    sampled: bool = False  # else greedy: its seed is unused
 
     @property
     def generated_text(self) -> str:
@@ -165,6 +166,7 @@ class SequenceResult:
         self.finish_reason = response.finish_reason
         self.generated_tokens = response.generated_tokens
         self.seed = response.seed
+        self.sampled = response.sampled
 
 
 @dataclass(slots=True)

@@ -193,7 +193,7 @@ def _details(sequence: SequenceResult, generation: Generation, options: TgiOptio
     details: dict[str, object] = {
         "finish_reason": sequence.finish_reason,
         "generated_tokens": sequence.generated_tokens,
-        "seed": sequence.seed,
+        "seed": _seed(sequence),
         "prompt_tokens": generation.prompt_tokens,
         "prefill": [{"id": t.id, "text": t.text,
                      "logprob": t.logprob if t.HasField("logprob") else None}
@@ -205,6 +205,11 @@ def _details(sequence: SequenceResult, generation: Generation, options: TgiOptio
         details["top_tokens"] = [[token_json(top) for top in token.top]
                                  for token in sequence.tokens]
     return details
+
+
+def _seed(sequence: SequenceResult) -> int | None:
+    """As TGI reports it: null for a greedy sequence."""
+    return sequence.seed if sequence.sampled else None
 
 
 def _text(sequence: SequenceResult, options: TgiOptions) -> str:
@@ -229,7 +234,7 @@ def stream_event(response: sb.GenerateResponse, generation: Generation, options:
     if response.finish_reason and options.details:
         event["details"] = {"finish_reason": sequence.finish_reason,
                             "generated_tokens": sequence.generated_tokens,
-                            "seed": sequence.seed,
+                            "seed": _seed(sequence),
                             "prompt_tokens": generation.prompt_tokens,
                             "input_length": generation.prompt_tokens}
     return event

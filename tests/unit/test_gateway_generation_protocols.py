@@ -43,10 +43,13 @@ def token(token_id: int, text: str, logprob: float | None = None, *, special: bo
 
 def response(index: int = 0, text: str = "", tokens: list[sb.Token] | None = None, *,
              finish: str = "", prompt_tokens: int = 3, generated: int = 1, seed: int = 0,
-             cached: int = 0, prompt: list[sb.Token] | None = None) -> sb.GenerateResponse:
+             cached: int = 0, prompt: list[sb.Token] | None = None,
+             sampled: bool | None = None) -> sb.GenerateResponse:
+    """A response; its sequence is sampled when it has a seed, unless `sampled` says."""
     return sb.GenerateResponse(index=index, text=text, tokens=tokens or [], finish_reason=finish,
                                prompt_tokens=prompt_tokens, generated_tokens=generated, seed=seed,
-                               cached_tokens=cached, prompt=prompt or [])
+                               cached_tokens=cached, prompt=prompt or [],
+                               sampled=bool(seed) if sampled is None else sampled)
 
 
 def generation_of(*responses: sb.GenerateResponse) -> Generation:
@@ -1257,3 +1260,11 @@ def test_vllm_detokenize() -> None:
         assert refused(vllm.detokenize_request_to_pb, {"tokens": tokens}).field == "tokens"
     assert refused(vllm.detokenize_request_to_pb, {"tokens": [], "prompt": "x"}).field == \
         "prompt"
+
+
+def test_tgi_details_of_a_greedy_sequence_have_a_null_seed_as_tgis() -> None:
+    _, options = tgi_request({"details": True, "do_sample": False})
+    last = response(0, "Hi", [token(5, "Hi", -0.5)], finish="length", seed=77, sampled=False)
+    generation = generation_of(last)
+    assert tgi.reply(generation, options)["details"]["seed"] is None
+    assert tgi.stream_event(last, generation, options)["details"]["seed"] is None
