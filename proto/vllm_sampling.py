@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections.abc import MutableMapping
 
 # vLLM's names of the parameters whose MindIE names differ.
-NAMES = {"max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens"}
+NAMES = {"max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens",
+         "truncate_prompt_tokens": "truncate"}
 DEFAULT_MAX_TOKENS = 16  # vLLM's SamplingParams default
 INT64 = range(-2**63, 2**63)
 UINT64_SPAN = 2**64

@@ -42,7 +42,8 @@ INPUTS = frozenset({*CONTROL_INPUTS, *UNSUPPORTED_INPUTS})
 FINISH_REASONS = {FinishReason.LENGTH: "length", FinishReason.EOS: "stop",
                   FinishReason.STOP: "stop", FinishReason.STOPPED: "abort"}
 # vLLM's SamplingParams fields by type, for values sent as strings (its samples send them so).
-INT_FIELDS = frozenset({"max_tokens", "min_tokens", "top_k", "seed", "n", "best_of"})
+INT_FIELDS = frozenset({"max_tokens", "min_tokens", "top_k", "seed", "n", "best_of",
+                        "truncate_prompt_tokens"})
 FLOAT_FIELDS = frozenset({"temperature", "top_p", "min_p", "presence_penalty",
                           "frequency_penalty", "repetition_penalty"})
 BOOL_FIELDS = frozenset({"ignore_eos", "skip_special_tokens", "include_stop_str_in_output",

@@ -34,7 +34,7 @@ DELIMITER = b"\n"
 # JSON objects each followed by a newline are not one JSON document: vLLM's demo server sends no
 # content type for it; this says "bytes" rather than claiming JSON.
 STREAM_CONTENT_TYPE = "application/octet-stream"
-NAMES = {**vllm_sampling.NAMES, "truncate_prompt_tokens": "truncate"}
+NAMES = vllm_sampling.NAMES
 DETOKENIZE_NAMES = {"tokens": "token_ids"}
 # TGI's statuses (the route is shared), but a full queue is 503: 429 is TGI's alone.
 HTTP_STATUS = {**TGI_HTTP_STATUS, grpc.StatusCode.RESOURCE_EXHAUSTED: 503}

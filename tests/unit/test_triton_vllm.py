@@ -133,8 +133,15 @@ def test_invalid_vllm_requests_name_the_field(request_: pb.ModelInferRequest, fi
     assert error.field == field and reason in error.reason
 
 
+def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens() -> None:
+    call = decode_infer_request(vllm_request(sampling={"truncate_prompt_tokens": "1"}))
+    assert call.parameters["truncate"] == 1
+    assert build_engine_request(call, "r", lambda text: [1, 2], LIMITS).prompt_token_ids == (2,)
+
+
 @pytest.mark.parametrize(("sampling", "field"), [
     ({"max_tokens": 0}, "max_tokens"), ({"min_tokens": -1}, "min_tokens"),
+    ({"truncate_prompt_tokens": -1}, "truncate_prompt_tokens"),
     ({"seed": 2**64}, "seed"), ({"top_p": 2}, "top_p")])
 def test_engine_validation_errors_name_vllms_fields(sampling: dict, field: str) -> None:
     with pytest.raises(InvalidRequest) as caught:
