@@ -262,8 +262,10 @@ class CompletionsHandler(OpenAIHandler):
                     prefix = openai.echo_text(calls[call_index], generations[call_index])
                     prompt = generations[call_index].prompt
                 if self.chat:
+                    role_usage = openai.usage(generations, pending=response.generated_tokens) \
+                        if options.continuous_usage else None
                     chunks.append(sse_event(openai.chunk(options, index, role=True,
-                                                         usage=usage)))
+                                                         usage=role_usage)))
             # Where the chunk's first token's text starts in the choice's text.
             offset = sent_chars[index] + (0 if prompt else len(prefix))
             sent_chars[index] += len(prefix) + len(text)

@@ -356,9 +356,11 @@ def reply(calls: list[Call], generations: list[Generation], options: OpenAIOptio
             "system_fingerprint": None}
 
 
-def usage(generations: list[Generation]) -> dict[str, object]:
+def usage(generations: list[Generation], pending: int = 0) -> dict[str, object]:
+    """`pending`: generated tokens left out (a role chunk's usage, as vLLM's, comes before
+    its choice's first tokens)."""
     prompt = sum(g.prompt_tokens for g in generations)
-    completion = sum(g.completion_tokens for g in generations)
+    completion = sum(g.completion_tokens for g in generations) - pending
     cached = sum(g.cached_tokens for g in generations)
     return {"prompt_tokens": prompt, "completion_tokens": completion,
             "total_tokens": prompt + completion,
