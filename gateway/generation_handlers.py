@@ -8,6 +8,7 @@ import contextlib
 import dataclasses
 import time
 from collections.abc import AsyncIterator, Iterable, Mapping
+from typing import TypeVar
 
 import grpc
 
@@ -19,6 +20,9 @@ from gateway.protocols.kserve import parse_json
 from gateway.sse import DONE_EVENT, sse_event
 from proto import grpc_service_pb2 as pb
 from proto import switchboard_pb2 as sb
+
+# The options of an OpenAI route (chat and completions', or the Responses API's).
+OptionsT = TypeVar("OptionsT", openai.OpenAIOptions, openai_responses.ResponsesOptions)
 
 
 class GenerationHandler(Handler):
@@ -193,6 +197,12 @@ class OpenAIHandler(GenerationHandler):
         status, message, field = self.describe_field_error(error, status)
         return status, openai.error_body(status, message, field)
 
+    async def with_model_named(self, options: OptionsT) -> OptionsT:
+        """`options` with the served model's name where the request named none."""
+        if options.model:
+            return options
+        return dataclasses.replace(options, model=(await self.model_names() or [""])[0])
+
 
 class ModelsHandler(OpenAIHandler):
     async def get(self, model: str | None = None) -> None:
@@ -236,8 +246,7 @@ class CompletionsHandler(OpenAIHandler):
         calls, options = (openai.chat_request_to_pb(document) if self.chat
                           else openai.completion_request_to_pb(document))
         self.names = options.names
-        if not options.model:
-            options = dataclasses.replace(options, model=(await self.model_names() or [""])[0])
+        options = await self.with_model_named(options)
         generations = [Generation() for _ in calls]
         streams = [self.generate(call.request, options.deadline_s) for call in calls]
         if not options.stream:
@@ -312,8 +321,7 @@ class ResponsesHandler(OpenAIHandler):
     async def post(self) -> None:
         request, options = openai_responses.request_to_pb(parse_json(self.body))
         self.names = options.names
-        if not options.model:
-            options = dataclasses.replace(options, model=(await self.model_names() or [""])[0])
+        options = await self.with_model_named(options)
         generation = Generation()
         call = self.generate(request, options.deadline_s)
         if not options.stream:

@@ -105,14 +105,13 @@ class TokenDescriber:
         self._engine = engine
         self._special = engine.info.special_token_ids
 
-    def tokens(self, token_ids: Sequence[int], logprobs: Sequence[TokenLogprob | float | None]
+    def tokens(self, token_ids: Sequence[int], logprobs: Sequence[TokenLogprob | None]
                ) -> list[sb.Token]:
         """Token messages for ids and their log-probabilities (None: not computed)."""
-        alternatives = [logprob.top if isinstance(logprob, TokenLogprob) else ()
-                        for logprob in logprobs]
+        alternatives = [() if logprob is None else logprob.top for logprob in logprobs]
         all_ids = [*token_ids, *(token_id for top in alternatives for token_id, _ in top)]
         texts = iter(self._engine.token_texts(all_ids))
-        tokens = [self._token(token_id, next(texts), _value(logprob))
+        tokens = [self._token(token_id, next(texts), None if logprob is None else logprob.logprob)
                   for token_id, logprob in zip(token_ids, logprobs)]
         for token, top in zip(tokens, alternatives):
             token.top.extend(self._token(token_id, next(texts), logprob) for token_id, logprob in top)
@@ -123,10 +122,6 @@ class TokenDescriber:
         if logprob is not None:
             token.logprob = logprob
         return token
-
-
-def _value(logprob: TokenLogprob | float | None) -> float | None:
-    return logprob.logprob if isinstance(logprob, TokenLogprob) else logprob
 
 
 def generate_response(event: RequestOutput, spec: GenerationRequest,

@@ -33,11 +33,11 @@ from gateway.protocols.generation import (Generation, add_output_format, generat
 from gateway.protocols.kserve import optional_string, refuse_unknown, require_object
 from gateway.protocols.parameters import json_type
 from proto import switchboard_pb2 as sb
+from proto import vllm_sampling
 
 UNLIMITED = 2**31 - 1  # max_new_tokens that the server caps at its limits
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's /v1/completions default
-NAMES = {"max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens",
-         "truncate_prompt_tokens": "truncate"}
+NAMES = vllm_sampling.NAMES  # vLLM's names of its extras, as vLLM's OpenAI server takes them
 # Chat's errors about the prompt name its messages; about the length, the field it used.
 CHAT_NAMES = {**NAMES, "messages": "prompt"}
 CHAT_NAMES_NEW_MAX = {**CHAT_NAMES, "max_completion_tokens": "max_new_tokens"}
@@ -115,10 +115,7 @@ def chat_request_to_pb(document: object) -> tuple[list[Call], OpenAIOptions]:
     messages = document.get("messages")
     if not isinstance(messages, list):
         raise bad_request("messages", f"must be an array of messages; got {json_type(messages)}")
-    if document.get("tools"):
-        raise bad_request("tools", "tool calling is not supported")
-    if document.get("tool_choice") not in (None, "none"):
-        raise bad_request("tool_choice", "tool calling is not supported")
+    refuse_tool_calls(document, ("none",))
     values = sampling_values(document)
     newer = token_limit(document, "max_completion_tokens")
     older = token_limit(document, "max_tokens")
@@ -169,6 +166,16 @@ def checked_document(document: object, fields: frozenset[str]) -> dict[str, obje
     document = require_object(document, "the body")
     refuse_unknown(document, fields)
     return document
+
+
+def refuse_tool_calls(document: Mapping[str, object], choices_without_tools: Sequence[str]
+                      ) -> None:
+    """Tools and a tool_choice other than those meaning none are refused: the served model
+    calls no tools."""
+    if document.get("tools"):
+        raise bad_request("tools", "tool calling is not supported")
+    if document.get("tool_choice") not in (None, *choices_without_tools):
+        raise bad_request("tool_choice", "tool calling is not supported")
 
 
 def requested_model(document: Mapping[str, object]) -> str:

@@ -31,8 +31,9 @@ from gateway.protocols.generation import (Generation, SequenceResult, add_output
                                           generate_request, optional_bool)
 from gateway.protocols.kserve import require_object
 from gateway.protocols.openai import (IGNORED_FIELDS, NAMES, SAMPLING_FIELDS, UNLIMITED,
-                                      checked_document, message_text, requested_model,
-                                      sampling_values, token_limit, token_logprobs)
+                                      checked_document, message_text, refuse_tool_calls,
+                                      requested_model, sampling_values, token_limit,
+                                      token_logprobs)
 from gateway.protocols.parameters import json_type
 from gateway.sse import sse_event
 from proto import switchboard_pb2 as sb
@@ -101,10 +102,7 @@ def _refuse_unsupported(document: Mapping[str, object]) -> None:
         raise RequestError(404, f"previous_response_id: no response {previous!r} is stored: "
                            "responses are not stored here, send the conversation in `input`",
                            "previous_response_id")
-    if document.get("tools"):
-        raise bad_request("tools", "tool calling is not supported")
-    if document.get("tool_choice") not in (None, "none", "auto"):
-        raise bad_request("tool_choice", "tool calling is not supported")
+    refuse_tool_calls(document, ("none", "auto"))
     reasoning = document.get("reasoning")
     if reasoning is not None and require_object(reasoning, "reasoning").get("effort") is not None:
         raise bad_request("reasoning", "the served model does not reason")
