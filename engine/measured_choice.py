@@ -105,10 +105,18 @@ def _seconds(product: Product, x: torch.Tensor) -> float:
     return best
 
 
+def onednn_multiplies_bf16() -> bool:
+    """Whether oneDNN multiplies bf16 on this CPU: it needs AVX-512 (BW, VL and DQ) or
+    AVX-NE-CONVERT. Without them (an AVX2 CPU such as AMD's Zen 3) laying out a bf16 weight
+    for it fails."""
+    return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
 def bf16_is_faster(weight: torch.Tensor) -> bool:
     """Whether this CPU multiplies 64 rows by a oneDNN-prepacked bf16 copy of `weight`
-    [out, in] faster than in fp32: 4-5x faster with AMX, 5x slower without bf16 units."""
-    if not torch.backends.mkldnn.is_available():
+    [out, in] faster than in fp32: 4-5x faster with AMX, 5x slower without bf16 units, and not
+    at all without oneDNN's bf16 support."""
+    if not onednn_multiplies_bf16():
         return False
     packed = prepack_bf16(weight)
     choice = MeasuredChoice().measure(partial(F.linear, weight=weight),

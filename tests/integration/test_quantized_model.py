@@ -64,7 +64,10 @@ def reference() -> tuple[list[int], torch.Tensor]:
     return token_ids, logits.argmax(dim=-1)
 
 
-@pytest.mark.parametrize("bf16_compute", [False, True], ids=["fp32-compute", "bf16-compute"])
+@pytest.mark.parametrize("bf16_compute", [
+    pytest.param(False, id="fp32-compute"),
+    pytest.param(True, id="bf16-compute", marks=pytest.mark.onednn_bf16),
+])
 @pytest.mark.parametrize("scheme", sorted(AGREEMENT))
 def test_teacher_forced_top1_agrees_with_float32(scheme: str, bf16_compute: bool,
                                                  reference) -> None:

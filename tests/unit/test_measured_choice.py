@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from engine import measured_choice
 from engine.measured_choice import MeasuredChoice, faster_overall
 from engine.paged_runner import measured_layers
 
@@ -37,3 +38,16 @@ def test_timing_covers_the_first_128_mib_of_layers_and_at_least_one() -> None:
     assert measured_layers(list(range(30)), lambda _: up_projection) == list(range(30))
     assert measured_layers(list(range(16)), lambda _: 64 * 2**20) == [0, 1]
     assert measured_layers([7], lambda _: 2**40) == [7]
+
+
+def test_bf16_is_never_chosen_where_onednn_multiplies_no_bf16(monkeypatch) -> None:
+    """An AVX2-only CPU (AMD's Zen 3): oneDNN refuses to lay out a bf16 weight there, so a
+    quantized server must not try (it failed to start)."""
+    monkeypatch.setattr(measured_choice, "onednn_multiplies_bf16", lambda: False)
+    monkeypatch.setattr(measured_choice, "prepack_bf16", refuse_bf16)
+    assert not measured_choice.bf16_is_faster(torch.randn(256, 128))
+
+
+def refuse_bf16(weight: torch.Tensor) -> torch.Tensor:
+    raise RuntimeError("mkldnn_reorder_linear_weight: bf16 path needs the cpu support "
+                       "avx_ne_convert or avx512bw, avx512vl and avx512dq")

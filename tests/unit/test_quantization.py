@@ -64,7 +64,9 @@ DENSE_FORMS = {
 
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("rows", [1, 3, 12, 40])
-@pytest.mark.parametrize("form", DENSE_FORMS)
+@pytest.mark.parametrize("form", [
+    pytest.param(form, marks=pytest.mark.onednn_bf16) if "dense_bf16" in kwargs else form
+    for form, kwargs in DENSE_FORMS.items()])
 def test_both_paths_compute_the_dequantized_weight(bits: int, rows: int, form: str) -> None:
     """The bf16 weight-only kernel (bf16 activations: ~1% error) and the dense form, fp32
     dequantisation (exact, over several dequantisation slices, in either matmul form) or a
@@ -90,6 +92,7 @@ def test_both_paths_compute_the_dequantized_weight(bits: int, rows: int, form: s
     assert torch.allclose(dense_first(x), dense + bias)
 
 
+@pytest.mark.onednn_bf16
 @pytest.mark.parametrize("bits", [4, 8])
 def test_a_tied_head_with_a_bf16_copy_still_looks_up_exact_rows(bits: int) -> None:
     weight = QuantizedWeight.quantize(torch.randn(112, 64), bits)
