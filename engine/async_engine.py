@@ -26,7 +26,7 @@ from engine.errors import EngineDead, InvalidRequest, Overloaded
 from engine.fanout import generate_many
 from engine.guided import GuideBuilder
 from engine.loader import LoadedModel, load_model
-from engine.measured_choice import bf16_is_faster
+from engine.measured_choice import bf16_is_faster, limit_onednn_caches
 from engine.paged_runner import PagedRunner, kv_bytes_per_token
 from engine.scheduler import Scheduler
 from engine.params import GenerationRequest
@@ -100,6 +100,7 @@ class AsyncEngine:
 
     @classmethod
     def from_loaded(cls, loaded: LoadedModel, config: EngineConfig) -> AsyncEngine:
+        limit_onednn_caches()
         # Quantized on a CPU with bf16 matrix units: bf16 copies for big batches, bf16 KV.
         sample_weight = loaded.model.model.layers[0].mlp.up_proj.weight.detach()
         bf16_compute = loaded.quantization.is_quantized and bf16_is_faster(sample_weight)

@@ -11,17 +11,21 @@ kernel, before 8 was probed).
 Products are timed over many layers' weights, as a step reads them: timed on one weight kept
 hot in cache, that bf16 copy seemed to win from 4 rows, where from memory it lost by 2x.
 
-A float32 weight can also be laid out once for MKL's packed GEMM (`prepack_fp32`), instead of
-at every product as MKL's plain GEMM does: on the Xeon, SmolLM2's layers took 26-28% less
-time from 4 to 64 rows and as long at 1 or 2. Both forms cannot be kept (the weights would
-take twice the memory), so that choice is made once for all rows (`faster_overall`).
+A float32 weight can also be laid out once for a packed GEMM, instead of at every product as
+MKL's plain GEMM does, by MKL (`MklPacked`) or by oneDNN (`OneDnnPacked`): on the Xeon, MKL's
+took SmolLM2's layers 26-28% less time from 4 to 64 rows and as long at 1 or 2; on the AMD
+Zen 3, MKL's lost and oneDNN's won (a one-row step 6% faster, a 16-row one 9%, mostly in the
+gate/up projections and the LM head). The plain and a packed form cannot both be kept (the
+weights would take twice the memory), so that choice is made once for all rows
+(`fastest_overall`).
 """
 
 from __future__ import annotations
 
 import math
+import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 
 import torch
@@ -31,9 +35,17 @@ PROBE_ROWS = (1, 4, 8, 16, 64, 256)
 REPEATS = 5
 # The rows oneDNN lays a bf16 weight out for; measured within 5% of the best at 1 to 64 rows.
 BF16_BATCH_HINT = 16
-# The rows MKL lays a float32 weight out for (it computes any number of rows from it): on the
-# Xeon the best of 8 to 128 at 64 rows and beyond, and within 2% of the best below.
+# The rows MKL and oneDNN lay a float32 weight out for (they compute any number of rows from
+# it): MKL's on the Xeon the best of 8 to 128 at 64 rows and beyond, and within 2% of the best
+# below; oneDNN's on the Zen 3 within 3% of 16's and 1's at 1 to 64 rows.
 FP32_BATCH_HINT = 64
+# The most rows one oneDNN product is given (see `OneDnnPacked`).
+ONEDNN_MAX_ROWS = 256
+# The products oneDNN (and ideep, PyTorch's layer over it) keep ready, each for one weight shape
+# and number of rows, each with its own scratch memory: ~1.2 MB for SmolLM2's projections.
+# Their default, 1024 each, let a server under varied load grow by 410 MB at 64 streams (float32,
+# oneDNN-packed); 32 kept 70 MB of it, as fast (a product made anew costs ~1 ms).
+ONEDNN_CACHED_PRODUCTS = 32
 
 Product = Callable[[torch.Tensor], torch.Tensor]
 
@@ -67,14 +79,16 @@ class MeasuredChoice:
         return self._second_faster[probe]
 
 
-def faster_overall(first: Product, second: Product, in_features: int) -> bool:
-    """Whether `second` is faster than `first` over PROBE_ROWS, by the geometric mean of
-    their time ratios (each number of rows counts alike, however long it takes)."""
-    log_ratio = 0.0
-    for rows in PROBE_ROWS:
-        x = torch.randn(rows, in_features)
-        log_ratio += math.log(_seconds(second, x) / _seconds(first, x))
-    return log_ratio < 0
+def fastest_overall(products: Iterable[Product], in_features: int) -> int:
+    """The index of the fastest of `products` over PROBE_ROWS, by the geometric mean of its
+    times (each number of rows counts alike, however long it takes). Each product is timed
+    over all rows before the next is taken: a lazy iterable holds one at a time."""
+    inputs = [torch.randn(rows, in_features) for rows in PROBE_ROWS]
+    log_times: list[float] = []
+    for product in products:
+        log_times.append(sum(math.log(_seconds(product, x)) for x in inputs))
+        del product  # before the next is made
+    return log_times.index(min(log_times))
 
 
 def one_after_another(products: Sequence[Product]) -> Product:
@@ -103,6 +117,14 @@ def _seconds(product: Product, x: torch.Tensor) -> float:
         product(x)
         best = min(best, time.perf_counter() - start)
     return best
+
+
+def limit_onednn_caches() -> None:
+    """Cap oneDNN's and ideep's caches of ready products at ONEDNN_CACHED_PRODUCTS, unless the
+    operator set them. Both read their setting once, at their first product: call this before
+    any oneDNN product runs in the process (it does nothing after)."""
+    for variable in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"):
+        os.environ.setdefault(variable, str(ONEDNN_CACHED_PRODUCTS))
 
 
 def onednn_multiplies_bf16() -> bool:
@@ -135,16 +157,49 @@ def bf16_product(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._linear_pointwise(x.to(torch.bfloat16), packed, None, "none", [], "")
 
 
-def prepack_fp32(weight: torch.Tensor) -> torch.Tensor:
-    """weight [out, in] (float32) laid out for MKL's packed GEMM (opaque: only
-    `fp32_packed_product` reads it), where `torch.backends.mkl.is_available()`."""
-    return torch.ops.mkl._mkl_reorder_linear_weight(weight, FP32_BATCH_HINT)
+class MklPacked:
+    """x @ weightᵀ (+ bias) from a float32 weight [out, in] laid out for MKL's packed GEMM (the
+    unpacked weight is not kept)."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        self._packed = torch.ops.mkl._mkl_reorder_linear_weight(weight, FP32_BATCH_HINT)
+        # Any tensor of the weight's shape (an expanded scalar takes no memory): MKL computes
+        # from the packed layout when told x's rows are the rows it was packed for, and would
+        # read the unpacked weight only otherwise.
+        self._shape = weight.new_zeros(()).expand(weight.shape)
+
+    @staticmethod
+    def is_available() -> bool:
+        return torch.backends.mkl.is_available()
+
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        return torch.ops.mkl._mkl_linear(x, self._packed, self._shape, bias, x.shape[0])
 
 
-def fp32_packed_product(x: torch.Tensor, packed: torch.Tensor, shape: torch.Tensor,
-                        bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x @ weightᵀ (+ bias), with `packed` from `prepack_fp32`. `shape`: a tensor of the
-    weight's shape, of any content (an expanded scalar takes no memory): MKL computes from
-    the packed layout when told x's rows are the rows it was packed for, and would read the
-    unpacked weight only otherwise."""
-    return torch.ops.mkl._mkl_linear(x, packed, shape, bias, x.shape[0])
+class OneDnnPacked:
+    """x @ weightᵀ (+ bias) from a float32 weight [out, in] laid out for oneDNN's matmul (the
+    unpacked weight is not kept).
+
+    oneDNN keeps state for each number of rows it has multiplied (see `limit_onednn_caches`),
+    and more for more rows: from about 360 rows, some 5 MB for every new number (over SmolLM2's
+    30 gate/up projections), which a server would see as memory growing with each new prompt
+    length. More rows than ONEDNN_MAX_ROWS are multiplied that many at a time (prompt chunks
+    of 512 rows and more took 6-15% longer than MKL's plain GEMM on the Zen 3 either way)."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        self._packed = torch.ops.mkldnn._reorder_linear_weight(weight, FP32_BATCH_HINT)
+
+    @staticmethod
+    def is_available() -> bool:
+        return torch.backends.mkldnn.is_available()
+
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        if x.shape[0] <= ONEDNN_MAX_ROWS:
+            return self._product(x, bias)
+        return torch.cat([self._product(rows, bias) for rows in x.split(ONEDNN_MAX_ROWS)])
+
+    def _product(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self._packed, bias, "none", [], "")
+
+
+FP32_PACKINGS = (MklPacked, OneDnnPacked)

@@ -7,10 +7,10 @@ attention is one call per layer for the whole batch (see `attention.py`).
 
 On a CPU, a float32 projection is computed as nn.Linear's x @ Wᵀ or as (W @ xᵀ)ᵀ, whichever
 was faster for its number of rows when the model was loaded, or, where that was faster
-overall, from a copy of the weight laid out once for MKL's packed GEMM, which then replaces
-it (see `measured_choice.py`). That goes for the LM head too, whose plain GEMM took twice as
-long for 9 to 15 rows as for 16 on the Xeon (a packed one, 7 ms throughout); a tied model then
-looks tokens up in a copy of its own, since the packed layout cannot be indexed.
+overall, from a copy of the weight laid out once for MKL's or oneDNN's packed GEMM, which then
+replaces it (see `measured_choice.py`). That goes for the LM head too, whose plain GEMM took
+twice as long for 9 to 15 rows as for 16 on the Xeon (a packed one, 7 ms throughout); a tied
+model then looks tokens up in a copy of its own, since a packed layout cannot be indexed.
 
 The residual stream is float32 for every model; a bf16 or fp16 model's norms hand its
 projections their input in the model's dtype. With a quantization plan the projections, the
@@ -25,6 +25,7 @@ On CUDA, decode steps replay CUDA graphs (see `decode_graphs.py`).
 from __future__ import annotations
 
 import gc
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -38,8 +39,8 @@ from transformers import PretrainedConfig, PreTrainedModel
 from engine.attention import AttentionBatch, paged_attention
 from engine.decode_graphs import DecodeGraphs
 from engine.host_memory import release_free_heap
-from engine.measured_choice import (MeasuredChoice, faster_overall, fp32_packed_product,
-                                    one_after_another, prepack_fp32, transposed_product)
+from engine.measured_choice import (FP32_PACKINGS, MeasuredChoice, MklPacked, OneDnnPacked,
+                                    fastest_overall, one_after_another, transposed_product)
 from engine.quantization import (QuantizationPlan, QuantizedEmbedding, QuantizedProjection,
                                  QuantizedWeight, RefinedHead, Scratch)
 
@@ -113,16 +114,15 @@ class Projection:
 
 
 class PackedProjection:
-    """A float32 Projection computed from its weight laid out for MKL's packed GEMM (see
-    `measured_choice.py`); the unpacked weight is not kept."""
+    """A float32 Projection computed from its weight laid out for a packed GEMM, MKL's or
+    oneDNN's (see `measured_choice.py`); the unpacked weight is not kept."""
 
-    def __init__(self, projection: Projection) -> None:
+    def __init__(self, projection: Projection, packing: type[MklPacked | OneDnnPacked]) -> None:
         self.bias = projection.bias
-        self._packed = prepack_fp32(projection.weight)
-        self._shape = projection.weight.new_zeros(()).expand(projection.weight.shape)
+        self._product = packing(projection.weight)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return fp32_packed_product(x, self._packed, self._shape, self.bias)
+        return self._product(x, self.bias)
 
 
 class RMSNorm:
@@ -185,8 +185,8 @@ class PagedRunner:
         self._scratch = Scratch()
         measures = device.type == "cpu" and model.lm_head.weight.dtype == torch.float32
         self._transposed = self._measure_transposed(model) if measures else None
-        self._packs = (measures and not quantization.is_quantized
-                       and torch.backends.mkl.is_available() and self._measure_packed(model))
+        self._packing = (self._measure_packing(model)
+                         if measures and not quantization.is_quantized else None)
         self._dense_bf16 = bf16_compute
         self._dense = MeasuredChoice()
         # On a CPU the loader maps the checkpoint's file, and while any view of it lived the
@@ -276,14 +276,20 @@ class PagedRunner:
             one_after_another([partial(transposed_product, weight=weight) for weight in weights]),
             weights[0].shape[1])
 
-    def _measure_packed(self, model: PreTrainedModel) -> bool:
-        """Whether MKL's packed GEMM beats the unpacked projection (in the form measured for
-        each number of rows) overall, timed over the layers' up projections."""
+    def _measure_packing(self, model: PreTrainedModel
+                         ) -> type[MklPacked | OneDnnPacked] | None:
+        """The packed GEMM that beats the unpacked projection (in the form measured for each
+        number of rows) and any other packing overall, timed over the layers' up projections;
+        None where the unpacked one is fastest."""
         weights = _timed_up_projections(model)
         unpacked = [Projection(weight, transposed=self._transposed) for weight in weights]
-        return faster_overall(one_after_another(unpacked),
-                              one_after_another([PackedProjection(p) for p in unpacked]),
-                              weights[0].shape[1])
+        packings = [packing for packing in FP32_PACKINGS if packing.is_available()]
+        # Packed copies are made one packing at a time, as they are timed (128 MiB each).
+        products = itertools.chain([one_after_another(unpacked)], (
+            one_after_another([PackedProjection(p, packing) for p in unpacked])
+            for packing in packings))
+        fastest = fastest_overall(products, weights[0].shape[1])
+        return packings[fastest - 1] if fastest else None
 
     def _measure_dense(self) -> None:
         """Whether the dense form beats PyTorch's packed kernels, by rows, timed over the
@@ -302,7 +308,8 @@ class PagedRunner:
         projection = Projection.concat(*linears.values(), transposed=self._transposed,
                                        copy=self._keeps_copies)
         if not self._quantization.is_quantized:
-            return PackedProjection(projection) if self._packs else projection
+            return (projection if self._packing is None
+                    else PackedProjection(projection, self._packing))
         bits = self._quantization.bits(layer, tuple(linears))
         return QuantizedProjection(QuantizedWeight.quantize(projection.weight, bits),
                                    projection.bias, self._scratch, dense_bf16=self._dense_bf16,

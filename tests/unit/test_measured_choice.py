@@ -1,11 +1,13 @@
-"""The load-time choice between two ways of computing the same thing picks the faster."""
+"""The load-time choice between ways of computing the same thing picks the fastest."""
 
 from __future__ import annotations
+
+import os
 
 import torch
 
 from engine import measured_choice
-from engine.measured_choice import MeasuredChoice, faster_overall
+from engine.measured_choice import MeasuredChoice, fastest_overall
 from engine.paged_runner import measured_layers
 
 
@@ -28,9 +30,10 @@ def test_the_faster_way_is_chosen_for_every_number_of_rows() -> None:
     assert all(MeasuredChoice.second_always().second_is_faster(n) for n in rows)
 
 
-def test_a_choice_for_all_rows_at_once_picks_the_faster_overall() -> None:
-    assert faster_overall(slow, fast, 64)
-    assert not faster_overall(fast, slow, 64)
+def test_a_choice_for_all_rows_at_once_picks_the_fastest_overall() -> None:
+    assert fastest_overall([slow, fast], 64) == 1
+    assert fastest_overall([fast, slow], 64) == 0
+    assert fastest_overall(iter([slow, slow, fast, slow]), 64) == 2
 
 
 def test_timing_covers_the_first_128_mib_of_layers_and_at_least_one() -> None:
@@ -51,3 +54,12 @@ def test_bf16_is_never_chosen_where_onednn_multiplies_no_bf16(monkeypatch) -> No
 def refuse_bf16(weight: torch.Tensor) -> torch.Tensor:
     raise RuntimeError("mkldnn_reorder_linear_weight: bf16 path needs the cpu support "
                        "avx_ne_convert or avx512bw, avx512vl and avx512dq")
+
+
+def test_onednn_caches_are_capped_unless_the_operator_set_them(monkeypatch) -> None:
+    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
+    monkeypatch.setenv("LRU_CACHE_CAPACITY", "500")
+    measured_choice.limit_onednn_caches()
+    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == str(
+        measured_choice.ONEDNN_CACHED_PRODUCTS)
+    assert os.environ["LRU_CACHE_CAPACITY"] == "500"

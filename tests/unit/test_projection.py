@@ -7,21 +7,23 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.measured_choice import MeasuredChoice
+from engine.measured_choice import FP32_PACKINGS, MeasuredChoice
 from engine.paged_runner import PackedProjection, Projection
 
 
 @pytest.mark.parametrize("rows", [1, 3, 20, 64, 70, 300])
-@pytest.mark.parametrize("form", ["plain", "transposed", "packed"])
+@pytest.mark.parametrize("form", ["plain", "transposed",
+                                  *(packing.__name__ for packing in FP32_PACKINGS)])
 def test_a_projection_equals_nn_linear_in_every_form(rows: int, form: str) -> None:
-    """The packed form is computed from a layout made for 64 rows, for any number of rows,
-    without the unpacked weight."""
+    """The packed forms (MKL's, oneDNN's) are computed from a layout made for 64 rows, for any
+    number of rows, without the unpacked weight."""
     generator = torch.Generator().manual_seed(rows)
     weight = torch.randn(48, 32, generator=generator)
     bias = torch.randn(48, generator=generator)
     x = torch.randn(rows, 32, generator=generator)
     projection = Projection(weight.clone(), bias,
                             MeasuredChoice.second_always() if form == "transposed" else None)
-    if form == "packed":
-        projection = PackedProjection(projection)
+    packing = next((p for p in FP32_PACKINGS if p.__name__ == form), None)
+    if packing is not None:
+        projection = PackedProjection(projection, packing)
     torch.testing.assert_close(projection(x), F.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
