@@ -126,16 +126,28 @@ class PackedProjection:
 
 
 class RMSNorm:
-    """The model's RMSNorm as one fused op (transformers' module runs about seven). A model in
-    reduced precision normalises the float32 residual stream and scales after casting to its
-    dtype, as transformers does from its reduced-precision stream."""
+    """The model's RMSNorm in one kernel where one exists (transformers' module runs about
+    seven ops). A model in reduced precision normalises the float32 residual stream and scales
+    after casting to its dtype, as transformers does from its reduced-precision stream.
+
+    On a CPU, F.rms_norm runs as about seven ops too, while F.layer_norm is one kernel: x's root
+    mean square is the standard deviation of (x, −x), whose mean is 0, so a float32 norm is
+    layer_norm over (x, −x) with the weight (w, 0), cut to x's half (a one-row SmolLM2 step
+    took 0.85 ms less, 2.6%)."""
 
     def __init__(self, module: nn.Module) -> None:
         # A copy: no view into the loaded checkpoint's mapped file may outlive the model.
         self.weight = module.weight.detach().clone()
         self.eps = module.variance_epsilon
+        mirrors = self.weight.device.type == "cpu" and self.weight.dtype == torch.float32
+        self._mirrored_weight = (torch.cat((self.weight, torch.zeros_like(self.weight)))
+                                 if mirrors else None)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self._mirrored_weight is not None:
+            mirrored = F.layer_norm(torch.cat((x, -x), dim=-1), self._mirrored_weight.shape,
+                                    self._mirrored_weight, None, self.eps)
+            return mirrored[..., :self.weight.shape[0]]
         if self.weight.dtype == torch.float32:
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         normed = F.rms_norm(x.float(), self.weight.shape, None, self.eps)
