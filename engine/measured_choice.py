@@ -154,7 +154,13 @@ def prepack_bf16(weight: torch.Tensor) -> torch.Tensor:
 
 def bf16_product(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
     """x @ weightᵀ in bf16, with `packed` from `prepack_bf16`."""
-    return torch.ops.mkldnn._linear_pointwise(x.to(torch.bfloat16), packed, None, "none", [], "")
+    return onednn_product(x.to(torch.bfloat16), packed)
+
+
+def onednn_product(x: torch.Tensor, packed: torch.Tensor,
+                   bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ weightᵀ (+ bias) by oneDNN, from a weight laid out by `_reorder_linear_weight`."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
 class MklPacked:
@@ -195,11 +201,9 @@ class OneDnnPacked:
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         if x.shape[0] <= ONEDNN_MAX_ROWS:
-            return self._product(x, bias)
-        return torch.cat([self._product(rows, bias) for rows in x.split(ONEDNN_MAX_ROWS)])
-
-    def _product(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, self._packed, bias, "none", [], "")
+            return onednn_product(x, self._packed, bias)
+        return torch.cat([onednn_product(rows, self._packed, bias)
+                          for rows in x.split(ONEDNN_MAX_ROWS)])
 
 
 FP32_PACKINGS = (MklPacked, OneDnnPacked)
