@@ -26,10 +26,11 @@ from engine.errors import EngineDead, InvalidRequest, Overloaded
 from engine.fanout import generate_many
 from engine.guided import GuideBuilder
 from engine.loader import LoadedModel, load_model
-from engine.measured_choice import bf16_is_faster, limit_onednn_caches
+from engine.measured_choice import limit_onednn_caches
 from engine.paged_runner import PagedRunner, kv_bytes_per_token
 from engine.scheduler import Scheduler
 from engine.params import GenerationRequest
+from engine.quantization import dense_copy_for
 from engine.request import RequestOutput
 
 logger = logging.getLogger(__name__)
@@ -101,15 +102,16 @@ class AsyncEngine:
     @classmethod
     def from_loaded(cls, loaded: LoadedModel, config: EngineConfig) -> AsyncEngine:
         limit_onednn_caches()
-        # Quantized on a CPU with bf16 matrix units: bf16 copies for big batches, bf16 KV.
+        # Quantized: copies of the weights for big batches, and a bf16 KV cache with them.
         sample_weight = loaded.model.model.layers[0].mlp.up_proj.weight.detach()
-        bf16_compute = loaded.quantization.is_quantized and bf16_is_faster(sample_weight)
-        kv_dtype = torch.bfloat16 if bf16_compute else loaded.dtype
+        dense_copy = (dense_copy_for(sample_weight) if loaded.quantization.is_quantized
+                      else None)
+        kv_dtype = torch.bfloat16 if dense_copy is not None else loaded.dtype
         block_bytes = config.block_size * kv_bytes_per_token(loaded.model, kv_dtype)
         num_blocks = config.num_kv_blocks or max(1, config.kv_cache_mib * 2**20 // block_bytes)
         graphs = loaded.device.type == "cuda" and not config.enforce_eager
         runner = PagedRunner(loaded.model, loaded.device, num_blocks, config.block_size,
-                             loaded.quantization, bf16_compute=bf16_compute,
+                             loaded.quantization, dense_copy=dense_copy,
                              static_decode_batch=config.max_batch_size if graphs else 0)
         if graphs:
             runner.prepare()

@@ -148,31 +148,34 @@ def slots_of(block_ids: Sequence[int], num_tokens: int, block_size: int) -> torc
 
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                    v_cache: torch.Tensor, batch: AttentionBatch, *,
-                    windowed: bool = False) -> torch.Tensor:
+                    v_cache: torch.Tensor, batch: AttentionBatch, *, windowed: bool = False,
+                    groups_queries: bool = False) -> torch.Tensor:
     """q [T, H, D], k/v [T, Hkv, D], in the caches' dtype; caches [slots, Hkv, D]. Returns
-    [T, H*D]. windowed: the layer attends within the batch's sliding window."""
+    [T, H*D]. windowed: the layer attends within the batch's sliding window; groups_queries:
+    decoding sequences attend as `_attend_grouped` does."""
     k_cache.index_copy_(0, batch.write_slots, k)
     v_cache.index_copy_(0, batch.write_slots, v)
     if len(batch.groups) == 1 and batch.groups[0].is_decode:
         return _attend(q.unsqueeze(1), k_cache, v_cache, batch.groups[0], batch.fixed_shape,
-                       windowed)
+                       windowed, groups_queries)
     out = q.new_empty(q.shape[0], q.shape[1] * q.shape[2])
     for group in batch.groups:
         queries = q[group.query_index]
-        attended = _attend(queries, k_cache, v_cache, group, batch.fixed_shape, windowed)
+        attended = _attend(queries, k_cache, v_cache, group, batch.fixed_shape, windowed,
+                           groups_queries)
         out.index_copy_(0, group.token_index, attended[group.unpad_index])
     return out
 
 
 def _attend(queries: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-            group: AttentionGroup, fixed_shape: bool, windowed: bool) -> torch.Tensor:
+            group: AttentionGroup, fixed_shape: bool, windowed: bool,
+            groups_queries: bool) -> torch.Tensor:
     """queries [B, Qmax, H, D] → [B*Qmax, H*D]."""
     keys = _gather(k_cache, group.context_slots)      # [B, Hkv, Lmax, D]
     values = _gather(v_cache, group.context_slots)
     mask = group.window_mask if windowed else group.mask
     batch, q_len, heads, head_dim = queries.shape
-    if q_len == 1 and queries.device.type == "cpu" and queries.dtype == torch.float32:
+    if q_len == 1 and groups_queries:
         return _attend_grouped(queries, keys, values, mask).reshape(batch, heads * head_dim)
     # Only CUDA has cuDNN's kernel to avoid; on a CPU the context would cost 12 µs a layer.
     restricts = not fixed_shape and queries.device.type == "cuda"
@@ -186,10 +189,10 @@ def _attend_grouped(queries: torch.Tensor, keys: torch.Tensor, values: torch.Ten
                     mask: torch.Tensor | None) -> torch.Tensor:
     """One query per sequence, [B, 1, H, D]: the H // Hkv query heads that share a K/V head
     attend as that head's rows ([B, Hkv, H // Hkv, D]), one pass over each K/V head instead of
-    one per query head. On a CPU, steps of 16 float32 decodes took 2-4% less than with
-    `enable_gqa` (SmolLM2, 2 cores); one decode, the same. In bf16 (int4's KV cache) it lost:
-    int4 steps of 64 decodes took 93 ms against 89, of 16 1.5% longer. bf16 and CUDA keep
-    `enable_gqa`."""
+    one per query head. Used on a CPU (see `PagedRunner`), SmolLM2 on 2 cores: steps of 16
+    float32 decodes took 2-4% less than with `enable_gqa`; one decode, the same. In bf16 it
+    lost on an Intel Xeon with bf16 units (int4 steps of 64 decodes took 93 ms against 89) and
+    won by 5x on an AMD Zen 3 without them (1.9 ms a layer against 9.7 for 64 decodes)."""
     batch, _, heads, head_dim = queries.shape
     kv_heads = keys.shape[1]
     grouped = queries.reshape(batch, kv_heads, heads // kv_heads, head_dim)

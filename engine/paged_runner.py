@@ -16,8 +16,9 @@ The residual stream is float32 for every model; a bf16 or fp16 model's norms han
 projections their input in the model's dtype. With a quantization plan the projections, the
 LM head and the embedding hold integer weights (see `quantization.py`) and return bf16 or
 float32, as their kernels do, and Q/K/V are rotated and attended in the KV cache's dtype
-(bf16 where the CPU multiplies bf16 fast, else float32). Sums with the float32 residual
-stream promote, so no conversion is spent on what the next op would convert anyway.
+(bf16 where the projections keep copies of their weights for many rows, else float32). Sums
+with the float32 residual stream promote, so no conversion is spent on what the next op
+would convert anyway.
 
 On CUDA, decode steps replay CUDA graphs (see `decode_graphs.py`).
 """
@@ -40,9 +41,10 @@ from engine.attention import AttentionBatch, paged_attention
 from engine.decode_graphs import DecodeGraphs
 from engine.host_memory import release_free_heap
 from engine.measured_choice import (FP32_PACKINGS, MeasuredChoice, MklPacked, OneDnnPacked,
-                                    fastest_overall, one_after_another, transposed_product)
-from engine.quantization import (QuantizationPlan, QuantizedEmbedding, QuantizedProjection,
-                                 QuantizedWeight, RefinedHead, Scratch)
+                                    fastest_overall, one_after_another, onednn_multiplies_bf16,
+                                    transposed_product)
+from engine.quantization import (DenseCopy, QuantizationPlan, QuantizedEmbedding,
+                                 QuantizedProjection, QuantizedWeight, RefinedHead, Scratch)
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 # Load-time measurements time products over this many bytes of weights (SmolLM2's 30 layers:
@@ -176,12 +178,13 @@ def kv_bytes_per_token(model: PreTrainedModel, dtype: torch.dtype) -> int:
 class PagedRunner:
     def __init__(self, model: PreTrainedModel, device: torch.device, num_blocks: int,
                  block_size: int, quantization: QuantizationPlan = QuantizationPlan("none"),
-                 *, static_decode_batch: int = 0, bf16_compute: bool = False) -> None:
+                 *, static_decode_batch: int = 0, dense_copy: DenseCopy | None = None) -> None:
         """static_decode_batch: the most sequences a decode step is padded for to replay a
         CUDA graph (0: every step eager); on a CPU the padded steps run without a graph.
-        bf16_compute (quantized, on a CPU that multiplies bf16 faster than fp32, see
-        `bf16_is_faster`): projections keep bf16 copies of their weights for many rows, and
-        the KV cache and attention are in bf16."""
+        dense_copy (quantized; see `dense_copy_for`): the copies of their weights projections
+        keep for many rows; with them the KV cache and attention are in bf16, which halves the
+        bytes attention reads (64 int4 decodes on the Zen 3: attention took 69 ms of a step
+        instead of 123)."""
         architecture = (model.config.architectures or [type(model).__name__])[0]
         if architecture not in SUPPORTED_ARCHITECTURES:
             raise UnsupportedModel(f"{architecture} is not supported; supported architectures: "
@@ -199,8 +202,10 @@ class PagedRunner:
         self._transposed = self._measure_transposed(model) if measures else None
         self._packing = (self._measure_packing(model)
                          if measures and not quantization.is_quantized else None)
-        self._dense_bf16 = bf16_compute
+        self._dense_copy = dense_copy
         self._dense = MeasuredChoice()
+        self._measures_dense = measures and quantization.is_quantized
+        self._quantized: list[QuantizedProjection] = []
         # On a CPU the loader maps the checkpoint's file, and while any view of it lived the
         # whole mapping stayed resident (538 MB for SmolLM2 in float32), fused or packed
         # weights besides: unquantized, the runner keeps copies only, as quantized it does.
@@ -213,12 +218,12 @@ class PagedRunner:
         self._sliding_window, windowed = sliding_window_layers(config)
         self._layers = [self._fuse(index, layer, windowed[index])
                         for index, layer in enumerate(model.model.layers)]
-        if measures and self._quantization.is_quantized:
-            self._measure_dense()
         capacity = num_blocks * block_size
         # One slot past the pool's: padding rows of a static decode batch write there.
         self._cache_shape = (len(self._layers), capacity + 1, self._num_kv_heads, self._head_dim)
-        self._cache_dtype = torch.bfloat16 if bf16_compute else dtype
+        self._cache_dtype = torch.bfloat16 if dense_copy is not None else dtype
+        self._groups_queries = device.type == "cpu" and (
+            self._cache_dtype == torch.float32 or not onednn_multiplies_bf16())
         self._k_cache: torch.Tensor | None = None
         self._v_cache: torch.Tensor | None = None
         self._decode_graphs = DecodeGraphs(
@@ -232,7 +237,7 @@ class PagedRunner:
         first steps. Called at load where CUDA graphs are captured (no loader's host memory
         awaits release there), and by `warm_up` on the engine's thread."""
         if self._k_cache is None:
-            self._allocate_cache()
+            self._finish_loading()
         if self._decode_graphs is not None:
             self._decode_graphs.capture_common()
 
@@ -244,16 +249,27 @@ class PagedRunner:
         self.prepare()
         self.execute([SequenceChunk("warm-up", [0], 0, [0], samples=True)])
 
-    def _allocate_cache(self) -> None:
-        """The KV pool, zeroed, hence resident from the start, as the operator sized it: a pool
-        whose pages became resident as blocks were first written would make memory creep up
-        for minutes under load, which monitoring cannot tell from a leak. Allocated at the
-        warm-up (or the first step) rather than at construction: by then the loader's model is
-        gone, and on a CPU with it the mapped checkpoint (the runner keeps its own copies or
-        quantized forms), so the pool takes its place in memory instead of adding to it, and
-        so does the heap memory the load freed (see `host_memory.py`)."""
+    def _finish_loading(self) -> None:
+        """Make the quantized projections' dense copies (then time them, see `_measure_dense`)
+        and the KV pool. The pool is zeroed, hence resident from the start, as the operator
+        sized it: a pool whose pages became resident as blocks were first written would make
+        memory creep up for minutes under load, which monitoring cannot tell from a leak.
+
+        Done at the warm-up (or the first step) rather than at construction: by then the
+        loader's model is gone, and on a CPU with it the mapped checkpoint (the runner keeps
+        its own copies or quantized forms), so these take its place in memory instead of
+        adding to it, and so does the heap memory the load freed (see `host_memory.py`).
+        SmolLM2's int4 server peaked at 1.58 GiB while loading with its fp16 copies made at
+        construction, at 1.12 without them."""
         gc.collect()
+        if self._dense_copy is not None:
+            for projection in self._quantized:
+                projection.add_copy(self._dense_copy)
+        # After the copies, which reuse the heap the load freed: each went through transient
+        # ones (untrimmed, 0.23 GB more than SmolLM2's 0.27 GB of fp16 copies stayed).
         release_free_heap()
+        if self._measures_dense:
+            self._measure_dense()
         self._k_cache = torch.zeros(self._cache_shape, dtype=self._cache_dtype, device=self._device)
         self._v_cache = torch.zeros(self._cache_shape, dtype=self._cache_dtype, device=self._device)
 
@@ -323,10 +339,11 @@ class PagedRunner:
             return (projection if self._packing is None
                     else PackedProjection(projection, self._packing))
         bits = self._quantization.bits(layer, tuple(linears))
-        return QuantizedProjection(QuantizedWeight.quantize(projection.weight, bits),
-                                   projection.bias, self._scratch, dense_bf16=self._dense_bf16,
-                                   dense=self._dense, transposed=self._transposed,
-                                   lookups=layer is None)
+        quantized = QuantizedProjection(QuantizedWeight.quantize(projection.weight, bits),
+                                        projection.bias, self._scratch, dense=self._dense,
+                                        transposed=self._transposed, lookups=layer is None)
+        self._quantized.append(quantized)
+        return quantized
 
     def _embedding(self, model: PreTrainedModel,
                    head: Projection | PackedProjection | QuantizedProjection
@@ -353,7 +370,7 @@ class PagedRunner:
         """Compute the chunks' tokens, writing their K/V into the cache; return logits
         (float32, on the device) in chunk order: each chunk's last `num_logits` tokens."""
         if self._k_cache is None or self._v_cache is None:
-            self._allocate_cache()
+            self._finish_loading()
         if self._decode_graphs is not None:
             logits = self._decode_graphs.run(chunks)
             if logits is not None:
@@ -379,7 +396,8 @@ class PagedRunner:
             q, k = qk.split((self._num_heads, self._num_kv_heads), dim=1)
             v = qkv[:, num_qk_heads:]
             attended = paged_attention(q, k, v, self._k_cache[index], self._v_cache[index],
-                                       batch, windowed=layer.windowed)
+                                       batch, windowed=layer.windowed,
+                                       groups_queries=self._groups_queries)
             hidden = hidden + layer.o_proj(attended)
             gate, up = layer.gate_up(layer.post_norm(hidden)).chunk(2, dim=-1)
             hidden = hidden + layer.down(layer.act(gate) * up)

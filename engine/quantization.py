@@ -8,14 +8,19 @@ faster on this CPU when the model was loaded (see `measured_choice.py`):
 - PyTorch's weight-only kernels, `_weight_int4pack_mm_for_cpu` / `_weight_int8pack_mm`, on
   bf16 activations: they read 4 or 8 bits per weight instead of 16 or 32, which wins where
   reading the weight dominates (few rows);
-- a dense matmul, which wins where arithmetic dominates and those kernels fall behind: on a
-  CPU that multiplies bf16 faster than fp32 (AMX: 4-5x at 64 rows on an Intel Xeon), with a
-  bf16 copy of the dequantised weight kept beside the packed one (from ~8 rows there);
-  elsewhere with the weight dequantised to fp32, a slice of output channels at a time, into
-  a small reusable buffer (from ~12 rows on an AMD Zen 3 with AVX2), which costs no memory.
+- a dense matmul, which wins where arithmetic dominates and those kernels fall behind, from
+  a copy of the dequantised weight kept beside the packed one (`dense_copy_for`): in bf16 for
+  oneDNN on a CPU that multiplies bf16 faster than fp32 (AMX: 4-5x at 64 rows on an Intel
+  Xeon; from ~8 rows there); elsewhere in fp16 for FBGEMM, whose GEMM widens it to fp32 as it
+  multiplies, so it reads half the bytes of fp32 at fp32's arithmetic speed (on an AMD Zen 3
+  with AVX2, a 64-row int4 step's gate/up projections took 40 ms from fp16 copies, 67 from
+  weights dequantised to fp32 at each product, 50 in float32 from oneDNN's packed layout; one
+  row about as long as the int4 kernel). Without FBGEMM the weight is dequantised to fp32 at
+  each product, a slice of output channels at a time, into a small reusable buffer, which
+  costs no memory.
 
-Both ways use the same (bf16-rounded) scales, so they compute the same weights (the bf16
-copy rounds them once more, to bf16's 8 significant bits).
+Both ways use the same (bf16-rounded) scales, so they compute the same weights (a copy
+rounds them once more: to bf16's 8 significant bits, or fp16's 11).
 
 The `gguf` scheme keeps a GGUF file's own precision per tensor: its 4-bit blocks stay 4-bit in
 groups of 32, which for Q4_1 re-derives the file's grid exactly (its quantizer maps each
@@ -34,8 +39,8 @@ import torch
 import torch.nn.functional as F
 
 from engine.config import QUANTIZATIONS
-from engine.measured_choice import (MeasuredChoice, bf16_product, prepack_bf16,
-                                    transposed_product)
+from engine.measured_choice import (MeasuredChoice, bf16_is_faster, bf16_product,
+                                    prepack_bf16, transposed_product)
 
 INT4_GROUP_SIZE = 32
 # Output channels dequantised at a time: small enough for the buffer to stay in cache.
@@ -119,38 +124,84 @@ class Scratch:
         return self.buffer
 
 
+class Bf16Copy:
+    """x @ weightᵀ in bf16 by oneDNN from a prepacked bf16 copy of the weight; returns bf16."""
+
+    dtype = torch.bfloat16
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        self._packed = prepack_bf16(weight)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.shape[0]
+        padded = F.pad(x.to(torch.bfloat16), (0, 0, 0, -rows % BF16_ROWS_MULTIPLE))
+        return bf16_product(padded, self._packed)[:rows]
+
+
+class Fp16Copy:
+    """x @ weightᵀ by FBGEMM's fp16 GEMM from a prepacked fp16 copy of the weight: float32
+    activations and result, the weight widened to float32 as it is multiplied."""
+
+    dtype = torch.float16
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        self._packed = torch.ops.quantized.linear_prepack_fp16(weight, None)
+
+    @staticmethod
+    def is_available() -> bool:
+        return "fbgemm" in torch.backends.quantized.supported_engines
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.quantized.linear_dynamic_fp16(x.float(), self._packed)
+
+
+DenseCopy = type[Bf16Copy] | type[Fp16Copy]
+
+
+def dense_copy_for(sample_weight: torch.Tensor) -> DenseCopy | None:
+    """The copy that quantized projections multiply many rows by on this CPU (None: dequantise
+    at each product), as `sample_weight` [out, in] (float32) tells."""
+    if bf16_is_faster(sample_weight):
+        return Bf16Copy
+    return Fp16Copy if Fp16Copy.is_available() else None
+
+
 class QuantizedProjection:
     """y = x @ weightᵀ (+ bias) with a QuantizedWeight, for float32 or bf16 x. y is bf16 from
-    PyTorch's kernels and bf16 copies, float32 from fp32 dequantisation: the caller converts
-    only where it needs to."""
+    PyTorch's kernels and bf16 copies, float32 from fp16 copies and fp32 dequantisation: the
+    caller converts only where it needs to."""
 
     def __init__(self, weight: QuantizedWeight, bias: torch.Tensor | None, scratch: Scratch, *,
-                 dense_bf16: bool = False, dense: MeasuredChoice | None = None,
-                 transposed: MeasuredChoice | None = None, lookups: bool = False) -> None:
-        """dense_bf16: keep a bf16 copy of the weight for `dense_mm`, prepacked for oneDNN
-        (else it dequantises to fp32 at each call); dense: whether `dense_mm` beat
-        `packed_mm` on this CPU, by rows (None: never); transposed: whether fp32 dequantised
-        weights multiply faster as (W @ xᵀ)ᵀ than as x @ Wᵀ (None: never); lookups: `rows`
-        will be asked for (a tied embedding)."""
+                 dense: MeasuredChoice | None = None, transposed: MeasuredChoice | None = None,
+                 lookups: bool = False) -> None:
+        """dense: whether `dense_mm` beat `packed_mm` on this CPU, by rows (None: never);
+        transposed: whether fp32 dequantised weights multiply faster as (W @ xᵀ)ᵀ than as
+        x @ Wᵀ (None: never); lookups: `rows` will be asked for (a tied embedding)."""
         self.bias = bias
         self._scratch = scratch
         self._dense = dense or MeasuredChoice.first_always()
         self._transposed = transposed or MeasuredChoice.first_always()
-        self._bf16_weight = prepack_bf16(_bf16_copy(weight)) if dense_bf16 else None
+        self._copy: Bf16Copy | Fp16Copy | None = None
+        self._lookups = lookups
         self.shape = weight.shape
         self._bits = weight.bits
-        # The codes are kept where something reads them: the int8 kernel, fp32 dequantisation,
-        # a tied embedding. A 4-bit weight with a bf16 copy needs only its packed form and it.
         self._quantized: QuantizedWeight | None = weight
         if weight.bits == 4:
             unsigned = (weight.codes.to(torch.int32) + 8)
             self._packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(unsigned, 1)
             self._scales_and_zeros = torch.cat((weight.scales, weight.zeros), dim=-1) \
                 .transpose(0, 1).contiguous().to(torch.bfloat16)
-            if dense_bf16 and not lookups:
-                self._quantized = None
         else:
             self._channel_scales = weight.scales.view(-1).to(torch.bfloat16)
+
+    def add_copy(self, kind: DenseCopy) -> None:
+        """Keep a copy of the weight of `kind` for `dense_mm` (without one it dequantises to
+        fp32 at each call)."""
+        self._copy = kind(_dequantized_copy(self._quantized, kind.dtype))
+        # The codes are kept where something reads them: the int8 kernel, fp32 dequantisation,
+        # a tied embedding. A 4-bit weight with a copy needs only its packed form and it.
+        if self._bits == 4 and not self._lookups:
+            self._quantized = None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         y = (self.dense_mm(x) if self._dense.second_is_faster(x.shape[0])
@@ -167,10 +218,8 @@ class QuantizedProjection:
         return y
 
     def dense_mm(self, x: torch.Tensor) -> torch.Tensor:
-        if self._bf16_weight is not None:
-            rows = x.shape[0]
-            padded = F.pad(x.to(torch.bfloat16), (0, 0, 0, -rows % BF16_ROWS_MULTIPLE))
-            return bf16_product(padded, self._bf16_weight)[:rows]
+        if self._copy is not None:
+            return self._copy(x)
         out_features, in_features = self.shape
         channels = min(out_features, DEQUANTIZE_CHANNELS)
         buffer = self._scratch.at_least(channels * in_features)
@@ -189,9 +238,9 @@ class QuantizedProjection:
         return self._quantized.dequantize(token_ids)
 
 
-def _bf16_copy(weight: QuantizedWeight) -> torch.Tensor:
-    """The dequantised weight in bf16, built a slice at a time (no full fp32 copy at once)."""
-    copy = torch.empty(weight.shape, dtype=torch.bfloat16)
+def _dequantized_copy(weight: QuantizedWeight, dtype: torch.dtype) -> torch.Tensor:
+    """The dequantised weight in `dtype`, built a slice at a time (no full fp32 copy at once)."""
+    copy = torch.empty(weight.shape, dtype=dtype)
     for start in range(0, weight.shape[0], DEQUANTIZE_CHANNELS):
         rows = slice(start, start + DEQUANTIZE_CHANNELS)
         copy[rows] = weight.dequantize(rows)

@@ -1,7 +1,7 @@
 """Weight-only quantization (`--quantization int8|int4|gguf`) with the real packaged model:
 quality is measured, not assumed. Teacher-forced over a fixed text, the quantized runner's
 top-1 next token agrees with the float32 model's at least 95% of the time for int8 and gguf,
-90% for int4, with fp32 or bf16 compute; the greedy answers of the foundation tests still hold."""
+90% for int4, whichever dense form multiplies many rows; the greedy answers of the foundation tests still hold."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import torch
 from engine.config import EngineConfig
 from engine.loader import load_model
 from engine.paged_runner import PagedRunner, SequenceChunk
+from engine.quantization import Bf16Copy, DenseCopy, Fp16Copy
 from test_engine_real_model import CACHE_DIR, EngineHarness, text_of, token_ids_of
 
 TEXT = (
@@ -64,21 +65,22 @@ def reference() -> tuple[list[int], torch.Tensor]:
     return token_ids, logits.argmax(dim=-1)
 
 
-@pytest.mark.parametrize("bf16_compute", [
-    pytest.param(False, id="fp32-compute"),
-    pytest.param(True, id="bf16-compute", marks=pytest.mark.onednn_bf16),
+@pytest.mark.parametrize("dense_copy", [
+    pytest.param(None, id="fp32-dequantised"),
+    pytest.param(Fp16Copy, id="fp16-copies"),
+    pytest.param(Bf16Copy, id="bf16-copies", marks=pytest.mark.onednn_bf16),
 ])
 @pytest.mark.parametrize("scheme", sorted(AGREEMENT))
-def test_teacher_forced_top1_agrees_with_float32(scheme: str, bf16_compute: bool,
+def test_teacher_forced_top1_agrees_with_float32(scheme: str, dense_copy: DenseCopy | None,
                                                  reference) -> None:
-    """Either way a quantized runner computes: fp32 activations throughout, or (as on CPUs
-    with bf16 matrix units) bf16 copies of the weights for many rows and a bf16 KV cache;
-    this text's 64-token prefill chunks take the dense form either way."""
+    """Whichever way a quantized runner multiplies many rows: weights dequantised to fp32 at
+    each product, fp16 copies (CPUs without bf16 units), or bf16 copies and a bf16 KV cache
+    (CPUs with bf16 matrix units); this text's 64-token prefill chunks take it."""
     token_ids, expected = reference
     assert len(token_ids) > 350
     loaded = load_model(EngineConfig(cache_dir=CACHE_DIR, quantization=scheme))
     runner = PagedRunner(loaded.model, loaded.device, len(token_ids) // BLOCK_SIZE + 1,
-                         BLOCK_SIZE, loaded.quantization, bf16_compute=bf16_compute)
+                         BLOCK_SIZE, loaded.quantization, dense_copy=dense_copy)
     agreement = (top1_tokens(runner, token_ids) == expected).float().mean().item()
     assert agreement >= AGREEMENT[scheme], f"{scheme}: {agreement:.1%} top-1 agreement"
 

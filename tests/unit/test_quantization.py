@@ -1,6 +1,6 @@
 """Weight-only quantization on fake weights: the grids, both multiplication paths (the
-weight-only kernels for few rows, dequantisation for many) computing the same weights, the
-embedding lookup, and which bits each scheme gives each matrix."""
+weight-only kernels for few rows, dequantisation or a dense copy for many) computing the same
+weights, the embedding lookup, and which bits each scheme gives each matrix."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from engine.measured_choice import MeasuredChoice
-from engine.quantization import (DEQUANTIZE_CHANNELS, INT4_GROUP_SIZE,
+from engine.quantization import (DEQUANTIZE_CHANNELS, INT4_GROUP_SIZE, Bf16Copy, Fp16Copy,
                                  QuantizationError, QuantizationPlan, QuantizedEmbedding,
                                  QuantizedProjection, QuantizedWeight, RefinedHead, Scratch)
 
@@ -55,48 +55,63 @@ def test_int4_needs_whole_groups_and_only_4_or_8_bits_exist() -> None:
         QuantizedWeight.quantize(torch.randn(4, 64), 2)
 
 
+# The dense forms: fp32 dequantisation at each product, as x @ Wᵀ or (W @ xᵀ)ᵀ, or a copy;
+# each with the result's dtype and its error relative to the largest output.
 DENSE_FORMS = {
-    "fp32": {"transposed": MeasuredChoice.first_always()},
-    "fp32-transposed": {"transposed": MeasuredChoice.second_always()},
-    "bf16-copy": {"dense_bf16": True},
+    "fp32": ({"transposed": MeasuredChoice.first_always()}, None, torch.float32, 1e-6),
+    "fp32-transposed": ({"transposed": MeasuredChoice.second_always()}, None, torch.float32,
+                        1e-6),
+    "fp16-copy": ({}, Fp16Copy, torch.float32, 2e-3),
+    "bf16-copy": ({}, Bf16Copy, torch.bfloat16, 0.02),
 }
+
+
+def projection_of(weight: QuantizedWeight, bias: torch.Tensor | None, form: str,
+                  **kwargs) -> QuantizedProjection:
+    """A projection computing `form` as its dense form."""
+    options, copy, _, _ = DENSE_FORMS[form]
+    projection = QuantizedProjection(weight, bias, Scratch(), **options, **kwargs)
+    if copy is not None:
+        projection.add_copy(copy)
+    return projection
 
 
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("rows", [1, 3, 12, 40])
 @pytest.mark.parametrize("form", [
-    pytest.param(form, marks=pytest.mark.onednn_bf16) if "dense_bf16" in kwargs else form
-    for form, kwargs in DENSE_FORMS.items()])
+    pytest.param(form, marks=pytest.mark.onednn_bf16) if form == "bf16-copy" else form
+    for form in DENSE_FORMS])
 def test_both_paths_compute_the_dequantized_weight(bits: int, rows: int, form: str) -> None:
     """The bf16 weight-only kernel (bf16 activations: ~1% error) and the dense form, fp32
-    dequantisation (exact, over several dequantisation slices, in either matmul form) or a
-    bf16 copy (~1% error), multiply by the same weight; the dense form is used where the
-    measurement said it was faster."""
+    dequantisation (exact, over several dequantisation slices, in either matmul form), an fp16
+    copy (~0.05% error) or a bf16 copy (~1%), multiply by the same weight; the dense form is
+    used where the measurement said it was faster."""
+    _, _, dtype, error = DENSE_FORMS[form]
     out_features = DEQUANTIZE_CHANNELS + 96
     weight = QuantizedWeight.quantize(torch.randn(out_features, 128) / 10, bits)
     bias = torch.randn(out_features)
-    projection = QuantizedProjection(weight, bias, Scratch(), **DENSE_FORMS[form])
+    projection = projection_of(weight, bias, form)
     x = torch.randn(rows, 128)
     expected = x @ dequantized(weight).t()
     packed, dense = projection.packed_mm(x), projection.dense_mm(x)
     assert packed.dtype == torch.bfloat16
-    assert dense.dtype == (torch.bfloat16 if form == "bf16-copy" else torch.float32)
-    tolerance = 0.02 * expected.abs().max() + 1e-5
-    assert torch.allclose(dense.float(), expected,
-                          atol=1e-5 if form != "bf16-copy" else tolerance)
-    assert torch.allclose(packed.float(), expected, atol=tolerance)
+    assert dense.dtype == dtype
+    scale = expected.abs().max()
+    assert torch.allclose(dense.float(), expected, atol=error * scale + 1e-5)
+    assert torch.allclose(packed.float(), expected, atol=0.02 * scale + 1e-5)
     assert torch.allclose(projection(x), packed + bias)
-    assert torch.allclose(projection.dense_mm(x.bfloat16()).float(), expected, atol=tolerance)
-    dense_first = QuantizedProjection(weight, bias, Scratch(), dense=MeasuredChoice.second_always(),
-                                      **DENSE_FORMS[form])
+    assert torch.allclose(projection.dense_mm(x.bfloat16()).float(), expected,
+                          atol=0.02 * scale + 1e-5)
+    dense_first = projection_of(weight, bias, form, dense=MeasuredChoice.second_always())
     assert torch.allclose(dense_first(x), dense + bias)
 
 
-@pytest.mark.onednn_bf16
 @pytest.mark.parametrize("bits", [4, 8])
-def test_a_tied_head_with_a_bf16_copy_still_looks_up_exact_rows(bits: int) -> None:
+@pytest.mark.parametrize("form", [
+    "fp16-copy", pytest.param("bf16-copy", marks=pytest.mark.onednn_bf16)])
+def test_a_tied_head_with_a_copy_still_looks_up_exact_rows(bits: int, form: str) -> None:
     weight = QuantizedWeight.quantize(torch.randn(112, 64), bits)
-    head = QuantizedProjection(weight, None, Scratch(), dense_bf16=True, lookups=True)
+    head = projection_of(weight, None, form, lookups=True)
     token_ids = torch.tensor([5, 0, 111, 5])
     assert torch.equal(QuantizedEmbedding(head)(token_ids), dequantized(weight)[token_ids])
 

@@ -1,0 +1,64 @@
+"""Attention over the paged KV cache against attention computed one sequence at a time from
+contiguous keys and values: decoding sequences of different context lengths, alone and beside
+a prefilling one, with their query heads grouped by K/V head or not, in float32 and bf16."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.attention import AttentionBatch, paged_attention
+from engine.paged_runner import SequenceChunk
+
+BLOCK_SIZE = 4
+HEADS, KV_HEADS, HEAD_DIM = 6, 2, 16
+# Block tables out of order, as a pool hands them out after requests come and go.
+TABLES = [[7, 2, 9, 0], [3, 11], [5, 1, 8, 4, 10], [12, 6]]
+CONTEXTS = [13, 5, 19, 8]  # tokens each sequence has in the cache, this step's included
+
+
+def reference(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """One sequence's causal attention: q [Q, H, D] for its last Q positions, keys/values
+    [L, Hkv, D] for all of them. Returns [Q, H*D]."""
+    queries, context = q.shape[0], keys.shape[0]
+    causal = torch.ones(queries, context, dtype=torch.bool).tril(context - queries)
+    out = F.scaled_dot_product_attention(q.transpose(0, 1).float(),
+                                         keys.transpose(0, 1).float(),
+                                         values.transpose(0, 1).float(), attn_mask=causal,
+                                         enable_gqa=True)
+    return out.transpose(0, 1).reshape(queries, -1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("groups_queries", [False, True], ids=["per-head", "grouped"])
+@pytest.mark.parametrize("prefilling", [0, 3], ids=["decodes-only", "beside-a-prefill"])
+def test_paged_attention_equals_each_sequences_own(dtype: torch.dtype, groups_queries: bool,
+                                                   prefilling: int) -> None:
+    """The first sequence computes `prefilling` tokens of its prompt (1: a decode), the others
+    decode one token each."""
+    torch.manual_seed(0)
+    slots = (max(max(table) for table in TABLES) + 1) * BLOCK_SIZE
+    k_cache = torch.randn(slots, KV_HEADS, HEAD_DIM).to(dtype)
+    v_cache = torch.randn(slots, KV_HEADS, HEAD_DIM).to(dtype)
+    new_tokens = [max(prefilling, 1), 1, 1, 1]
+    chunks = [SequenceChunk(f"s{i}", [0] * count, context - count, table, samples=True)
+              for i, (table, context, count) in enumerate(zip(TABLES, CONTEXTS, new_tokens))]
+    total = sum(new_tokens)
+    q = torch.randn(total, HEADS, HEAD_DIM).to(dtype)
+    k = torch.randn(total, KV_HEADS, HEAD_DIM).to(dtype)
+    v = torch.randn(total, KV_HEADS, HEAD_DIM).to(dtype)
+    batch = AttentionBatch.build(chunks, BLOCK_SIZE, torch.device("cpu"))
+    out = paged_attention(q, k, v, k_cache, v_cache, batch, groups_queries=groups_queries)
+
+    first = 0
+    for chunk, context, count in zip(chunks, CONTEXTS, new_tokens):
+        positions = torch.arange(context)
+        context_slots = (torch.tensor(chunk.block_ids)[positions // BLOCK_SIZE] * BLOCK_SIZE
+                         + positions % BLOCK_SIZE)
+        rows = slice(first, first + count)
+        assert torch.equal(k_cache[context_slots[-count:]], k[rows])
+        expected = reference(q[rows], k_cache[context_slots], v_cache[context_slots])
+        tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+        assert torch.allclose(out[rows].float(), expected, atol=tolerance), chunk.request_id
+        first += count
