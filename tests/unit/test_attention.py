@@ -1,6 +1,7 @@
 """Attention over the paged KV cache against attention computed one sequence at a time from
-contiguous keys and values: decoding sequences of different context lengths, alone and beside
-a prefilling one, with their query heads grouped by K/V head or not, in float32 and bf16."""
+contiguous keys and values: decoding sequences of different context lengths, in one group or
+in groups by context, alone and beside a prefilling one, with their query heads grouped by
+K/V head or not, in float32 and bf16; and how decoding sequences are grouped by context."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.attention import AttentionBatch, paged_attention
+from engine import attention
+from engine.attention import AttentionBatch, paged_attention, split_by_context
 from engine.paged_runner import SequenceChunk
 
 BLOCK_SIZE = 4
@@ -33,10 +35,13 @@ def reference(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torc
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("groups_queries", [False, True], ids=["per-head", "grouped"])
 @pytest.mark.parametrize("prefilling", [0, 3], ids=["decodes-only", "beside-a-prefill"])
+@pytest.mark.parametrize("group_cost", [10**6, 0], ids=["one-decode-group", "one-per-context"])
 def test_paged_attention_equals_each_sequences_own(dtype: torch.dtype, groups_queries: bool,
-                                                   prefilling: int) -> None:
+                                                   prefilling: int, group_cost: int,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """The first sequence computes `prefilling` tokens of its prompt (1: a decode), the others
     decode one token each."""
+    monkeypatch.setattr(attention, "GROUP_COST_SLOTS", group_cost)
     torch.manual_seed(0)
     slots = (max(max(table) for table in TABLES) + 1) * BLOCK_SIZE
     k_cache = torch.randn(slots, KV_HEADS, HEAD_DIM).to(dtype)
@@ -49,6 +54,8 @@ def test_paged_attention_equals_each_sequences_own(dtype: torch.dtype, groups_qu
     k = torch.randn(total, KV_HEADS, HEAD_DIM).to(dtype)
     v = torch.randn(total, KV_HEADS, HEAD_DIM).to(dtype)
     batch = AttentionBatch.build(chunks, BLOCK_SIZE, torch.device("cpu"))
+    decodes = 4 if prefilling == 0 else 3
+    assert len(batch.groups) == (1 if group_cost else decodes) + (prefilling > 0)
     out = paged_attention(q, k, v, k_cache, v_cache, batch, groups_queries=groups_queries)
 
     first = 0
@@ -62,3 +69,23 @@ def test_paged_attention_equals_each_sequences_own(dtype: torch.dtype, groups_qu
         tolerance = 1e-5 if dtype == torch.float32 else 2e-2
         assert torch.allclose(out[rows].float(), expected, atol=tolerance), chunk.request_id
         first += count
+
+
+def test_decoding_sequences_are_grouped_by_context_where_padding_costs_more_than_a_group(
+        ) -> None:
+    long, short = [1000] * 3, [40] * 20
+    groups = split_by_context(list(range(23)), long + short)
+    assert sorted(map(sorted, groups)) == [[0, 1, 2], list(range(3, 23))]
+    # Padding 20 contexts of 40 to 60 costs 400 slots, less than another group.
+    assert split_by_context(list(range(21)), [60] + [40] * 20) == [list(range(21))]
+    assert split_by_context([7, 8], [90, 90]) == [[7, 8]]
+
+
+def test_groups_by_context_hold_each_sequence_once() -> None:
+    contexts = [32 + (37 * i) % 193 for i in range(64)]
+    rows = [100 + i for i in range(64)]
+    groups = split_by_context(rows, contexts)
+    assert sorted(row for group in groups for row in group) == rows
+    assert len(groups) > 1
+    padded = sum(len(group) * max(contexts[row - 100] for row in group) for group in groups)
+    assert padded < 0.8 * 64 * max(contexts)
