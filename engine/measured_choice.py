@@ -73,6 +73,11 @@ class MeasuredChoice:
             self._second_faster[rows] = _seconds(second, x) < _seconds(first, x)
         return self
 
+    @property
+    def second_always_faster(self) -> bool:
+        """Whether the second way was faster at every number of rows measured."""
+        return all(self._second_faster.values())
+
     def second_is_faster(self, rows: int) -> bool:
         """As measured for the nearest probe at or above `rows` (the largest past them)."""
         probe = next((probe for probe in PROBE_ROWS if rows <= probe), PROBE_ROWS[-1])

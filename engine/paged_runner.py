@@ -250,8 +250,9 @@ class PagedRunner:
         self.execute([SequenceChunk("warm-up", [0], 0, [0], samples=True)])
 
     def _finish_loading(self) -> None:
-        """Make the quantized projections' dense copies (then time them, see `_measure_dense`)
-        and the KV pool. The pool is zeroed, hence resident from the start, as the operator
+        """Make the quantized projections' dense copies (then time them, see `_measure_dense`,
+        and drop the packed forms where the copies won at every number of rows) and the KV
+        pool. The pool is zeroed, hence resident from the start, as the operator
         sized it: a pool whose pages became resident as blocks were first written would make
         memory creep up for minutes under load, which monitoring cannot tell from a leak.
 
@@ -270,6 +271,10 @@ class PagedRunner:
         release_free_heap()
         if self._measures_dense:
             self._measure_dense()
+            if self._dense_copy is not None and self._dense.second_always_faster:
+                for projection in self._quantized:
+                    projection.drop_packed()
+                release_free_heap()
         self._k_cache = torch.zeros(self._cache_shape, dtype=self._cache_dtype, device=self._device)
         self._v_cache = torch.zeros(self._cache_shape, dtype=self._cache_dtype, device=self._device)
 

@@ -116,6 +116,23 @@ def test_a_tied_head_with_a_copy_still_looks_up_exact_rows(bits: int, form: str)
     assert torch.equal(QuantizedEmbedding(head)(token_ids), dequantized(weight)[token_ids])
 
 
+@pytest.mark.parametrize("bits", [4, 8])
+def test_a_copy_measured_faster_at_every_row_count_is_all_a_projection_keeps(bits: int) -> None:
+    weight = QuantizedWeight.quantize(torch.randn(112, 64), bits)
+    head = projection_of(weight, None, "fp16-copy", dense=MeasuredChoice.second_always(),
+                         lookups=True)
+    x = torch.randn(3, 64)
+    before = head(x)
+    head.drop_packed()
+    assert torch.equal(head(x), before)
+    token_ids = torch.tensor([5, 0, 111])
+    assert torch.equal(QuantizedEmbedding(head)(token_ids), dequantized(weight)[token_ids])
+    with pytest.raises(AttributeError):
+        head.packed_mm(x)
+    with pytest.raises(ValueError, match="needs its packed form"):
+        projection_of(weight, None, "fp32").drop_packed()
+
+
 def test_projections_share_one_scratch_buffer() -> None:
     scratch = Scratch()
     small = QuantizedProjection(QuantizedWeight.quantize(torch.randn(64, 64), 8), None, scratch)
