@@ -10,8 +10,9 @@ further by context length (`split_by_context`): 64 float32 decodes of contexts f
 tokens spent 67 ms of a step in attention instead of 112 (SmolLM2, 2 Zen 3 cores). This
 pure-torch path runs on any device; on CUDA, SDPA picks its fused kernels, except cuDNN's in
 eager steps: it builds a plan for each new shape, and eager shapes rarely repeat (measured on
-an H100: prefills of new lengths took 90-160 ms with it, 40-55 ms without). The fixed shapes of the CUDA graphs that
-replay decode steps keep it: their plans are built once, at capture.
+an H100: prefills of new lengths took 90-160 ms with it, 40-55 ms without). The fixed
+shapes of the CUDA graphs that replay decode steps keep it: their plans are built once, at
+capture.
 
 Layers with sliding-window attention (Mistral's, Qwen2's upper layers) attend to the last
 `sliding_window` positions only, as transformers' `kv > q - sliding_window`: their groups carry
@@ -34,7 +35,8 @@ if TYPE_CHECKING:
 
 EAGER_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 # What one more group of decoding sequences costs a layer, in the context slots that cost as
-# much to gather and attend (see `split_by_context`): about 70 us on 2 Zen 3 cores.
+# much to gather and attend (see `split_by_context`): some 70 us on 2 Zen 3 cores, where a
+# slot of SmolLM2's cost ~0.15-0.25 us (an estimate from timing whole groups).
 GROUP_COST_SLOTS = 512
 
 

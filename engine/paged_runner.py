@@ -252,9 +252,9 @@ class PagedRunner:
     def _finish_loading(self) -> None:
         """Make the quantized projections' dense copies (then time them, see `_measure_dense`,
         and drop the packed forms where the copies won at every number of rows) and the KV
-        pool. The pool is zeroed, hence resident from the start, as the operator
-        sized it: a pool whose pages became resident as blocks were first written would make
-        memory creep up for minutes under load, which monitoring cannot tell from a leak.
+        pool. The pool is zeroed, hence resident from the start, as the operator sized it: a
+        pool whose pages became resident as blocks were first written would make memory creep
+        up for minutes under load, which monitoring cannot tell from a leak.
 
         Done at the warm-up (or the first step) rather than at construction: by then the
         loader's model is gone, and on a CPU with it the mapped checkpoint (the runner keeps
