@@ -1,7 +1,8 @@
 """Attention over the paged KV cache against attention computed one sequence at a time from
 contiguous keys and values: decoding sequences of different context lengths, in one group or
 in groups by context, alone and beside a prefilling one, with their query heads grouped by
-K/V head or not, in float32 and bf16; and how decoding sequences are grouped by context."""
+K/V head or not, within a sliding window or not, in float32 and bf16; and how decoding
+sequences are grouped by context."""
 
 from __future__ import annotations
 
@@ -18,13 +19,19 @@ HEADS, KV_HEADS, HEAD_DIM = 6, 2, 16
 # Block tables out of order, as a pool hands them out after requests come and go.
 TABLES = [[7, 2, 9, 0], [3, 11], [5, 1, 8, 4, 10], [12, 6]]
 CONTEXTS = [13, 5, 19, 8]  # tokens each sequence has in the cache, this step's included
+WINDOW = 6  # shorter than all contexts but one
 
 
-def reference(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+def reference(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+              window: int | None) -> torch.Tensor:
     """One sequence's causal attention: q [Q, H, D] for its last Q positions, keys/values
-    [L, Hkv, D] for all of them. Returns [Q, H*D]."""
+    [L, Hkv, D] for all of them; window: a sliding window's length (None: none). Returns
+    [Q, H*D]."""
     queries, context = q.shape[0], keys.shape[0]
     causal = torch.ones(queries, context, dtype=torch.bool).tril(context - queries)
+    if window is not None:
+        causal &= torch.ones(queries, context, dtype=torch.bool).triu(context - queries
+                                                                       - window + 1)
     out = F.scaled_dot_product_attention(q.transpose(0, 1).float(),
                                          keys.transpose(0, 1).float(),
                                          values.transpose(0, 1).float(), attn_mask=causal,
@@ -33,11 +40,13 @@ def reference(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torc
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("window", [None, WINDOW], ids=["whole-context", "sliding-window"])
 @pytest.mark.parametrize("groups_queries", [False, True], ids=["per-head", "grouped"])
 @pytest.mark.parametrize("prefilling", [0, 3], ids=["decodes-only", "beside-a-prefill"])
 @pytest.mark.parametrize("group_cost", [10**6, 0], ids=["one-decode-group", "one-per-context"])
-def test_paged_attention_equals_each_sequences_own(dtype: torch.dtype, groups_queries: bool,
-                                                   prefilling: int, group_cost: int,
+def test_paged_attention_equals_each_sequences_own(dtype: torch.dtype, window: int | None,
+                                                   groups_queries: bool, prefilling: int,
+                                                   group_cost: int,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """The first sequence computes `prefilling` tokens of its prompt (1: a decode), the others
     decode one token each."""
@@ -53,10 +62,11 @@ def test_paged_attention_equals_each_sequences_own(dtype: torch.dtype, groups_qu
     q = torch.randn(total, HEADS, HEAD_DIM).to(dtype)
     k = torch.randn(total, KV_HEADS, HEAD_DIM).to(dtype)
     v = torch.randn(total, KV_HEADS, HEAD_DIM).to(dtype)
-    batch = AttentionBatch.build(chunks, BLOCK_SIZE, torch.device("cpu"))
+    batch = AttentionBatch.build(chunks, BLOCK_SIZE, torch.device("cpu"), window)
     decodes = 4 if prefilling == 0 else 3
     assert len(batch.groups) == (1 if group_cost else decodes) + (prefilling > 0)
-    out = paged_attention(q, k, v, k_cache, v_cache, batch, groups_queries=groups_queries)
+    out = paged_attention(q, k, v, k_cache, v_cache, batch, windowed=window is not None,
+                          groups_queries=groups_queries)
 
     first = 0
     for chunk, context, count in zip(chunks, CONTEXTS, new_tokens):
@@ -65,7 +75,7 @@ def test_paged_attention_equals_each_sequences_own(dtype: torch.dtype, groups_qu
                          + positions % BLOCK_SIZE)
         rows = slice(first, first + count)
         assert torch.equal(k_cache[context_slots[-count:]], k[rows])
-        expected = reference(q[rows], k_cache[context_slots], v_cache[context_slots])
+        expected = reference(q[rows], k_cache[context_slots], v_cache[context_slots], window)
         tolerance = 1e-5 if dtype == torch.float32 else 2e-2
         assert torch.allclose(out[rows].float(), expected, atol=tolerance), chunk.request_id
         first += count
