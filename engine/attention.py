@@ -74,7 +74,6 @@ class AttentionGroup:
                        for offset in range(q_len)]
         unpad_index = [row * q_max + offset for row, q_len in enumerate(q_lens)
                        for offset in range(q_len)]
-        # None: everywhere (decoding sequences of one length, as one alone).
         mask = window_mask = None
         padded = q_max > 1 or min(context_lens) < l_max
         windowed = sliding_window is not None and l_max > sliding_window
