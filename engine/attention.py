@@ -128,9 +128,8 @@ class AttentionBatch:
                                   for position in range(start, start + q_len)])
         sequence_of_token = torch.tensor([row for row, q_len in enumerate(q_lens)
                                           for _ in range(q_len)])
-        widest = max(len(chunk.block_ids) for chunk in chunks)
-        block_table = torch.tensor([[*chunk.block_ids, *[0] * (widest - len(chunk.block_ids))]
-                                    for chunk in chunks])
+        block_table = padded_block_table([chunk.block_ids for chunk in chunks],
+                                         max(len(chunk.block_ids) for chunk in chunks))
         write_slots = slot_table(block_table[sequence_of_token], positions.view(-1, 1),
                                  block_size)
         sample_index = [index for chunk, end in zip(chunks, firsts[1:])
@@ -183,10 +182,11 @@ def within_window(key_positions: torch.Tensor, query_positions: torch.Tensor,
     return key_positions > query_positions - sliding_window
 
 
-def slots_of(block_ids: Sequence[int], num_tokens: int, block_size: int) -> torch.Tensor:
-    """Cache slots of a sequence's first num_tokens tokens, through its block table."""
-    return slot_table(torch.tensor([block_ids]), torch.arange(num_tokens).view(1, -1),
-                      block_size).view(-1)
+def padded_block_table(tables: Sequence[Sequence[int]], width: int) -> torch.Tensor:
+    """Sequences' block tables as the rows of one tensor [sequences, width], each cut to
+    `width` blocks or padded with block 0."""
+    return torch.tensor([[*table[:width], *[0] * (width - len(table))] for table in tables],
+                        dtype=torch.long)
 
 
 def slot_table(block_table: torch.Tensor, positions: torch.Tensor,

@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from engine.attention import AttentionBatch, AttentionGroup, slots_of, within_window
+from engine.attention import (AttentionBatch, AttentionGroup, padded_block_table, slot_table,
+                              within_window)
 
 if TYPE_CHECKING:
     from engine.paged_runner import SequenceChunk
@@ -159,22 +160,22 @@ class DecodeGraphs:
         them are padding: token 0 at position 0, attending to the scratch slot alone."""
         group = batch.groups[0]
         batch_size, context = group.context_slots.shape
-        token_ids = torch.zeros(batch_size, dtype=torch.long)
-        positions = torch.zeros(batch_size, dtype=torch.long)
+        rows, padding = len(chunks), batch_size - len(chunks)
+        lengths = torch.tensor([chunk.start + 1 for chunk in chunks] + [1] * padding)
+        key_positions = torch.arange(context).view(1, -1)
+        mask = key_positions < lengths.view(-1, 1)
         slots = torch.full((batch_size, context), self._scratch_slot, dtype=torch.long)
-        lengths = torch.ones(batch_size, dtype=torch.long)
-        for row, chunk in enumerate(chunks):
-            length = chunk.start + 1
-            token_ids[row] = chunk.token_ids[0]
-            positions[row] = chunk.start
-            slots[row, :length] = slots_of(chunk.block_ids, length, self._block_size)
-            lengths[row] = length
-        batch.token_ids.copy_(token_ids)
-        batch.positions.copy_(positions)
+        if chunks:
+            blocks = padded_block_table([chunk.block_ids for chunk in chunks],
+                                        -(-context // self._block_size))
+            slots[:rows] = torch.where(mask[:rows], slot_table(blocks, key_positions,
+                                                               self._block_size),
+                                       self._scratch_slot)
+        batch.token_ids.copy_(torch.tensor([chunk.token_ids[0] for chunk in chunks]
+                                           + [0] * padding))
+        batch.positions.copy_(lengths - 1)
         batch.write_slots.copy_(slots.gather(1, (lengths - 1).view(-1, 1)).view(-1))
         group.context_slots.copy_(slots)
-        key_positions = torch.arange(context)
-        mask = key_positions < lengths.view(-1, 1)
         group.mask.copy_(mask.view(batch_size, 1, 1, -1))
         if self._sliding_window is not None:
             in_window = within_window(key_positions, lengths.view(-1, 1) - 1,
