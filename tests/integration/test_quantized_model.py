@@ -1,7 +1,8 @@
 """Weight-only quantization (`--quantization int8|int4|gguf`) with the real packaged model:
 quality is measured, not assumed. Teacher-forced over a fixed text, the quantized runner's
 top-1 next token agrees with the float32 model's at least 95% of the time for int8 and gguf,
-90% for int4, whichever dense form multiplies many rows; the greedy answers of the foundation tests still hold."""
+90% for int4, whichever dense form multiplies many rows; the greedy answers of the foundation
+tests still hold."""
 
 from __future__ import annotations
 
