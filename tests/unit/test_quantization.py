@@ -56,7 +56,7 @@ def test_int4_needs_whole_groups_and_only_4_or_8_bits_exist() -> None:
 
 
 # The dense forms: fp32 dequantisation at each product, as x @ Wᵀ or (W @ xᵀ)ᵀ, or a copy;
-# each with the result's dtype and its error relative to the largest output, beyond 1e-5
+# each with the result's dtype and its error relative to the largest output, beyond 1e-5.
 DENSE_FORMS = {
     "fp32": ({"transposed": MeasuredChoice.first_always()}, None, torch.float32, 0),
     "fp32-transposed": ({"transposed": MeasuredChoice.second_always()}, None, torch.float32, 0),
