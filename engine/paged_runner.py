@@ -11,6 +11,8 @@ overall, from a copy of the weight laid out once for MKL's or oneDNN's packed GE
 replaces it (see `measured_choice.py`). That goes for the LM head too, whose plain GEMM took
 twice as long for 9 to 15 rows as for 16 on the Xeon (a packed one, 7 ms throughout); a tied
 model then looks tokens up in a copy of its own, since a packed layout cannot be indexed.
+Packed, the Q/K/V, output and down projections keep an unpacked copy as well, for steps of so
+few rows that a whole step was faster with it (timed at the warm-up, see `_measure_few_rows`).
 
 The residual stream is float32 for every model; a bf16 or fp16 model's norms hand its
 projections their input in the model's dtype. With a quantization plan the projections, the
@@ -28,7 +30,7 @@ from __future__ import annotations
 import gc
 import itertools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import TypeVar
 
@@ -51,6 +53,13 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCa
 # 106 MB of float32 up projections; timed on one 3.5 MB weight hot in cache, a choice of
 # form came out wrong).
 MEASURED_BYTES = 128 * 2**20
+# The projections also kept unpacked where the weights are packed, for steps of few rows (see
+# `_measure_few_rows`), by their `_Layer` field; and the steps timed to choose, with so many
+# rows, decoding at PROBE_CONTEXT tokens, each the best of PROBE_ROUNDS.
+FEW_ROW_PLAIN_ROLES = ("qkv", "o_proj", "down")
+FEW_ROW_PROBES = (1, 4, 8, 16)
+PROBE_CONTEXT = 128
+PROBE_ROUNDS = 3
 Layer = TypeVar("Layer")
 
 
@@ -216,8 +225,11 @@ class PagedRunner:
         self._rotary = model.model.rotary_emb
         self._final_norm = RMSNorm(model.model.norm)
         self._sliding_window, windowed = sliding_window_layers(config)
-        self._layers = [self._fuse(index, layer, windowed[index])
-                        for index, layer in enumerate(model.model.layers)]
+        fused = [self._fuse(index, layer, windowed[index])
+                 for index, layer in enumerate(model.model.layers)]
+        self._layers = [layer for layer, _ in fused]
+        self._few_row_layers = [few for _, few in fused] if self._packing is not None else None
+        self._few_rows = MeasuredChoice()
         capacity = num_blocks * block_size
         # One slot past the pool's: padding rows of a static decode batch write there.
         self._cache_shape = (len(self._layers), capacity + 1, self._num_kv_heads, self._head_dim)
@@ -250,8 +262,10 @@ class PagedRunner:
         self.execute([SequenceChunk("warm-up", [0], 0, [0], samples=True)])
 
     def _finish_loading(self) -> None:
-        """Make the quantized projections' dense copies (then time them, see `_measure_dense`,
-        and drop the packed forms where the copies won at every number of rows) and the KV
+        """Time steps of few rows with some packed projections unpacked (see
+        `_measure_few_rows`; their small KV cache is freed before the pool is allocated), make
+        the quantized projections' dense copies (then time them, see `_measure_dense`, and
+        drop the packed forms where the copies won at every number of rows), and the KV
         pool. The pool is zeroed, hence resident from the start, as the operator sized it: a
         pool whose pages became resident as blocks were first written would make memory creep
         up for minutes under load, which monitoring cannot tell from a leak.
@@ -263,6 +277,8 @@ class PagedRunner:
         SmolLM2's int4 server peaked at 1.58 GiB while loading with its fp16 copies made at
         construction, at 1.12 without them."""
         gc.collect()
+        if self._few_row_layers is not None:
+            self._measure_few_rows()
         if self._dense_copy is not None:
             for projection in self._quantized:
                 projection.add_copy(self._dense_copy)
@@ -278,26 +294,32 @@ class PagedRunner:
         self._k_cache = torch.zeros(self._cache_shape, dtype=self._cache_dtype, device=self._device)
         self._v_cache = torch.zeros(self._cache_shape, dtype=self._cache_dtype, device=self._device)
 
-    def _fuse(self, index: int, layer: nn.Module, windowed: bool) -> _Layer:
+    def _fuse(self, index: int, layer: nn.Module, windowed: bool) -> tuple[_Layer, _Layer]:
         """Fuse a layer's projections; the originals are dropped from the model (the runner
-        owns it) so fused weights are not held twice."""
+        owns it) so fused weights are not held twice. Also the layer as steps of few rows
+        compute it where the weights are packed: its FEW_ROW_PLAIN_ROLES unpacked."""
         attention, mlp = layer.self_attn, layer.mlp
+        roles = {"qkv": {"attn_q": attention.q_proj, "attn_k": attention.k_proj,
+                         "attn_v": attention.v_proj},
+                 "o_proj": {"attn_output": attention.o_proj},
+                 "gate_up": {"ffn_gate": mlp.gate_proj, "ffn_up": mlp.up_proj},
+                 "down": {"ffn_down": mlp.down_proj}}
         fused = _Layer(
             input_norm=RMSNorm(layer.input_layernorm),
-            qkv=self._project(index, {"attn_q": attention.q_proj, "attn_k": attention.k_proj,
-                                      "attn_v": attention.v_proj}),
-            o_proj=self._project(index, {"attn_output": attention.o_proj}),
             post_norm=RMSNorm(layer.post_attention_layernorm),
-            gate_up=self._project(index, {"ffn_gate": mlp.gate_proj, "ffn_up": mlp.up_proj}),
-            down=self._project(index, {"ffn_down": mlp.down_proj}),
             act=mlp.act_fn,
             windowed=windowed,
+            **{role: self._project(index, linears) for role, linears in roles.items()},
         )
+        few_rows = fused if self._packing is None else replace(fused, **{
+            role: Projection.concat(*roles[role].values(), transposed=self._transposed,
+                                    copy=self._keeps_copies)
+            for role in FEW_ROW_PLAIN_ROLES})
         for module, names in ((attention, ("q_proj", "k_proj", "v_proj", "o_proj")),
                               (mlp, ("gate_proj", "up_proj", "down_proj"))):
             for name in names:
                 delattr(module, name)
-        return fused
+        return fused, few_rows
 
     @staticmethod
     def _measure_transposed(model: PreTrainedModel) -> MeasuredChoice:
@@ -323,6 +345,43 @@ class PagedRunner:
             for packing in packings))
         fastest = fastest_overall(products, weights[0].shape[1])
         return packings[fastest - 1] if fastest else None
+
+    @torch.inference_mode()
+    def _measure_few_rows(self) -> None:
+        """For which numbers of rows a step is faster with FEW_ROW_PLAIN_ROLES unpacked, timed
+        as whole steps (see `_probe_batches`) before the pool is allocated; where at none, the
+        unpacked copies are dropped.
+
+        Timed alone, over many layers, each packed projection was the faster at most numbers
+        of rows; yet in SmolLM2's steps on the Zen 3, with these three unpacked, a lone row
+        took 30.9 ms instead of 32.8 (see `transposed_product`) and 4 rows 39.5 instead of
+        41.7, while from 8 rows the packed ones won. Their copies take 212 MB (the server's
+        peak RSS at 64 streams went from 1.57-1.63 GiB to 1.84). With the gate/up projections
+        unpacked too, a lone row took 28.7 ms, but that would be 212 MB more, past 2 GiB; with
+        only those three, and no packed copies of them, 16 rows took 3% longer."""
+        probes = self._probe_batches()
+        self._few_rows = MeasuredChoice().measure_in_turns(
+            partial(setattr, self, "_few_rows", MeasuredChoice.first_always()),
+            partial(setattr, self, "_few_rows", MeasuredChoice.second_always()),
+            self._forward, probes, PROBE_ROUNDS)
+        self._k_cache = self._v_cache = None
+        if self._few_rows.second_never_faster:
+            self._few_row_layers = None
+
+    def _probe_batches(self) -> dict[int, AttentionBatch]:
+        """The steps `_measure_few_rows` times, by rows, over a KV cache of their own: so
+        many sequences decoding at PROBE_CONTEXT tokens, all reading the same blocks (their
+        values do not matter)."""
+        block_ids = list(range(PROBE_CONTEXT // self._block_size + 1))
+        shape = (self._cache_shape[0], len(block_ids) * self._block_size,
+                 *self._cache_shape[2:])
+        self._k_cache = torch.zeros(shape, dtype=self._cache_dtype, device=self._device)
+        self._v_cache = torch.zeros(shape, dtype=self._cache_dtype, device=self._device)
+        return {rows: AttentionBatch.build(
+                    [SequenceChunk(str(row), [0], PROBE_CONTEXT, block_ids, samples=True)
+                     for row in range(rows)],
+                    self._block_size, self._device, self._sliding_window)
+                for rows in FEW_ROW_PROBES}
 
     def _measure_dense(self) -> None:
         """Whether the dense form beats PyTorch's packed kernels, by rows, timed over the
@@ -394,7 +453,10 @@ class PagedRunner:
         cos = cos[0].unsqueeze(1).to(attention_dtype)
         signed_sin = _negate_first_half(sin[0].unsqueeze(1)).to(attention_dtype)
         num_qk_heads = self._num_heads + self._num_kv_heads
-        for index, layer in enumerate(self._layers):
+        layers = self._layers
+        if self._few_row_layers is not None and self._few_rows.second_is_faster(hidden.shape[0]):
+            layers = self._few_row_layers
+        for index, layer in enumerate(layers):
             qkv = layer.qkv(layer.input_norm(hidden)).to(attention_dtype)
             qkv = qkv.view(-1, num_qk_heads + self._num_kv_heads, self._head_dim)
             qk = _rotate(qkv[:, :num_qk_heads], cos, signed_sin)

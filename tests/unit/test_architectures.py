@@ -16,7 +16,7 @@ from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCaus
                           MistralConfig, MistralForCausalLM, PreTrainedModel, Qwen2Config,
                           Qwen2ForCausalLM)
 
-from engine.measured_choice import FP32_PACKINGS
+from engine.measured_choice import FP32_PACKINGS, MeasuredChoice, OneDnnPacked
 from engine.paged_runner import PagedRunner, SequenceChunk, UnsupportedModel
 
 BLOCK_SIZE = 4
@@ -63,20 +63,40 @@ def reference_logits(model: PreTrainedModel, ids: list[int]) -> torch.Tensor:
         return model(torch.tensor([ids])).logits[0]
 
 
-@pytest.fixture(params=[None, *FP32_PACKINGS],
-                ids=["unpacked", *(packing.__name__ for packing in FP32_PACKINGS)])
-def packing(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> type | None:
-    """The packed GEMM the runner lays its float32 weights out for (None: none), which it
-    otherwise decides by timing them at load."""
-    if request.param is not None and not request.param.is_available():
-        pytest.fail(f"this torch cannot run {request.param.__name__}: it cannot be checked")
-    monkeypatch.setattr(PagedRunner, "_measure_packing", lambda self, model: request.param)
-    return request.param
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """The packed GEMM the runner lays its float32 weights out for (None: none), and whether
+    steps of few rows use the unpacked copies of some projections, which the runner
+    otherwise decides by timing them at load and at the warm-up."""
+
+    packing: type | None
+    few_rows_unpacked: bool = False
+
+    @property
+    def keeps_unpacked_weights(self) -> bool:
+        return self.packing is None or self.few_rows_unpacked
+
+
+LAYOUTS = {"unpacked": Layout(None),
+           **{packing.__name__: Layout(packing) for packing in FP32_PACKINGS},
+           "OneDnnPacked-few-rows-unpacked": Layout(OneDnnPacked, few_rows_unpacked=True)}
+
+
+@pytest.fixture(params=list(LAYOUTS))
+def layout(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Layout:
+    layout = LAYOUTS[request.param]
+    if layout.packing is not None and not layout.packing.is_available():
+        pytest.fail(f"this torch cannot run {layout.packing.__name__}: it cannot be checked")
+    monkeypatch.setattr(PagedRunner, "_measure_packing", lambda self, model: layout.packing)
+    few_rows = (MeasuredChoice.second_always() if layout.few_rows_unpacked
+                else MeasuredChoice.first_always())
+    monkeypatch.setattr(MeasuredChoice, "measure_in_turns", lambda self, *args: few_rows)
+    return layout
 
 
 @pytest.mark.parametrize("name", MODELS)
 def test_a_prompt_in_chunks_then_decode_steps_match_transformers(name: str,
-                                                                  packing: type | None) -> None:
+                                                                  layout: Layout) -> None:
     """Three sequences in one batch: a prompt past the window prefilled in two chunks while a
     short one is prefilled whole, then decode steps, static (padded) and eager alike."""
     model = build(name)
@@ -116,20 +136,27 @@ def test_an_unsupported_architecture_is_refused_naming_the_supported_ones() -> N
 
 
 @pytest.mark.parametrize("name", ["llama", "qwen2"])  # embeddings apart from the head, tied
-def test_a_cpu_runner_keeps_no_view_of_the_models_weights(name: str,
-                                                         packing: type | None) -> None:
+def test_a_cpu_runner_keeps_no_view_of_the_models_weights(name: str, layout: Layout) -> None:
     """On a CPU the loader's checkpoint is a mapped file: a view of any weight kept the whole
     mapping resident. The runner's float32 weights are its own (copies, or a packed
-    layout), as its quantized ones are."""
+    layout), as its quantized ones are; packed, it keeps unpacked copies only where steps of
+    few rows use them."""
     model = build(name)
     parameters = list(model.parameters())  # alive, so their memory is not reused
     weights = {parameter.untyped_storage().data_ptr() for parameter in parameters}
     runner = PagedRunner(model, torch.device("cpu"), NUM_BLOCKS, BLOCK_SIZE)
+    runner.warm_up()  # where steps of few rows are timed
     kept = list(tensors_reachable_from(runner))
     assert len(kept) > 4 * 4  # the layers' norms and biases at least
     # oneDNN's packed weights (layout torch._mkldnn) own their memory; the rest must too.
     assert not [tensor.shape for tensor in kept if tensor.layout == torch.strided
                 and tensor.untyped_storage().data_ptr() in weights]
+    down_shape = (SHAPE["hidden_size"], SHAPE["intermediate_size"])
+    unpacked_downs = [tensor for tensor in kept if tensor.shape == down_shape
+                      and tensor.layout == torch.strided
+                      and tensor.untyped_storage().nbytes() == tensor.nbytes]
+    assert len(unpacked_downs) == (SHAPE["num_hidden_layers"]
+                                   if layout.keeps_unpacked_weights else 0)
 
 
 def tensors_reachable_from(root: object) -> Iterator[torch.Tensor]:

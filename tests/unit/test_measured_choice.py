@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+from functools import partial
 
+import pytest
 import torch
 
 from engine import measured_choice
@@ -34,6 +36,26 @@ def test_a_choice_for_all_rows_at_once_picks_the_fastest_overall() -> None:
     assert fastest_overall([slow, fast], 64) == 1
     assert fastest_overall([fast, slow], 64) == 0
     assert fastest_overall(iter([slow, slow, fast, slow]), 64) == 2
+
+
+@pytest.mark.parametrize("second_fast_at", [(), (1,), (1, 4), (4, 16)])
+def test_a_choice_timed_in_turns_follows_the_faster_arrangement_at_each_probed_row(
+        second_fast_at: tuple[int, ...]) -> None:
+    """As the runner times whole steps two ways: each arrangement is set up before the
+    product runs under it, turn by turn; rows not probed keep the first way."""
+    arranged: list[str] = []
+
+    def product(rows: int) -> torch.Tensor:
+        second_fast = (arranged[-1] == "second") == (rows in second_fast_at)
+        return fast(torch.ones(1, 64)) if second_fast else slow(torch.ones(1, 64))
+
+    choice = MeasuredChoice().measure_in_turns(
+        partial(arranged.append, "first"), partial(arranged.append, "second"), product,
+        {rows: rows for rows in (1, 4, 16)}, rounds=2)
+    assert arranged == ["first", "second"] * 3 * 3
+    assert [choice.second_is_faster(rows) for rows in (1, 2, 4, 9, 16, 17, 300)] == [
+        rows in second_fast_at for rows in (1, 4, 4, 16, 16, 64, 256)]
+    assert choice.second_never_faster == (not second_fast_at)
 
 
 def test_timing_covers_the_first_128_mib_of_layers_and_at_least_one() -> None:

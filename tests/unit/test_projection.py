@@ -11,15 +11,18 @@ from engine.measured_choice import FP32_PACKINGS, MeasuredChoice
 from engine.paged_runner import PackedProjection, Projection
 
 
+@pytest.mark.parametrize("out_features", [48, 47])
 @pytest.mark.parametrize("rows", [1, 3, 20, 64, 70, 300])
 @pytest.mark.parametrize("form", ["plain", "transposed",
                                   *(packing.__name__ for packing in FP32_PACKINGS)])
-def test_a_projection_equals_nn_linear_in_every_form(rows: int, form: str) -> None:
+def test_a_projection_equals_nn_linear_in_every_form(rows: int, form: str,
+                                                     out_features: int) -> None:
     """The packed forms (MKL's, oneDNN's) are computed from a layout made for 64 rows, for any
-    number of rows, without the unpacked weight."""
+    number of rows, without the unpacked weight. The transposed form computes a lone row in
+    one slice of the weight per thread, or doubled where the slices would be uneven."""
     generator = torch.Generator().manual_seed(rows)
-    weight = torch.randn(48, 32, generator=generator)
-    bias = torch.randn(48, generator=generator)
+    weight = torch.randn(out_features, 32, generator=generator)
+    bias = torch.randn(out_features, generator=generator)
     x = torch.randn(rows, 32, generator=generator)
     projection = Projection(weight.clone(), bias,
                             MeasuredChoice.second_always() if form == "transposed" else None)
