@@ -92,6 +92,7 @@ class MeasuredChoice:
 
     @property
     def second_never_faster(self) -> bool:
+        """Whether the first way was faster at every number of rows measured."""
         return not any(self._second_faster.values())
 
     def second_is_faster(self, rows: int) -> bool:
