@@ -456,6 +456,7 @@ class PagedRunner:
         layers = self._layers
         if self._few_row_layers is not None and self._few_rows.second_is_faster(hidden.shape[0]):
             layers = self._few_row_layers
+        last = len(layers) - 1
         for index, layer in enumerate(layers):
             qkv = layer.qkv(layer.input_norm(hidden)).to(attention_dtype)
             qkv = qkv.view(-1, num_qk_heads + self._num_kv_heads, self._head_dim)
@@ -465,10 +466,13 @@ class PagedRunner:
             attended = paged_attention(q, k, v, self._k_cache[index], self._v_cache[index],
                                        batch, windowed=layer.windowed,
                                        groups_queries=self._groups_queries)
+            if index == last and len(batch.sample_index) < len(hidden):
+                # Past the last layer's K/V only the sampled tokens' states are wanted.
+                hidden, attended = hidden[batch.sample_index], attended[batch.sample_index]
             hidden = hidden + layer.o_proj(attended)
             gate, up = layer.gate_up(layer.post_norm(hidden)).chunk(2, dim=-1)
             hidden = hidden + layer.down(layer.act(gate) * up)
-        return self._lm_head(self._final_norm(hidden[batch.sample_index]))
+        return self._lm_head(self._final_norm(hidden))
 
 
 def sliding_window_layers(config: PretrainedConfig) -> tuple[int | None, list[bool]]:

@@ -127,6 +127,34 @@ def test_a_prompt_in_chunks_then_decode_steps_match_transformers(name: str,
         ids = [seq[:-6] for seq in ids]
 
 
+@pytest.mark.parametrize("name", MODELS)
+def test_steps_that_sample_some_tokens_or_none_return_those_tokens_logits(
+        name: str, layout: Layout) -> None:
+    """The usual steps, whose chunks want the logits at their last token only (or at none:
+    the first chunk of a prompt), give those logits, and the K/V the next steps attend to."""
+    model = build(name)
+    generator = torch.Generator().manual_seed(2)
+    ids = [torch.randint(0, VOCAB, (n,), generator=generator).tolist() for n in (30, 12)]
+    tables = [list(range(i * 16, (i + 1) * 16)) for i in range(2)]
+    runner = PagedRunner(copy.deepcopy(model), torch.device("cpu"), NUM_BLOCKS, BLOCK_SIZE)
+    assert runner.execute([SequenceChunk("a", ids[0][:10], 0, tables[0], False)]).shape[0] == 0
+    steps = [[SequenceChunk("b", ids[1], 0, tables[1], True),
+              SequenceChunk("a", ids[0][10:17], 10, tables[0], False)],
+             [SequenceChunk("a", ids[0][17:], 17, tables[0], True),
+              SequenceChunk("b", [7], 12, tables[1], True)],
+             [SequenceChunk("a", [9], 30, tables[0], True),
+              SequenceChunk("b", [8], 13, tables[1], True)]]
+    for step in steps:
+        logits = runner.execute(step)
+        sampled = [chunk for chunk in step if chunk.samples]
+        assert logits.shape[0] == len(sampled)
+        for row, chunk in enumerate(sampled):
+            sequence = ids[chunk.request_id == "b"]
+            sequence[chunk.start:] = chunk.token_ids
+            torch.testing.assert_close(logits[row], reference_logits(model, sequence)[-1],
+                                       rtol=1e-4, atol=1e-4)
+
+
 def test_an_unsupported_architecture_is_refused_naming_the_supported_ones() -> None:
     model = GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=1, n_head=2,
                                        architectures=["GPT2LMHeadModel"]))
