@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import TypeVar
 
@@ -34,6 +34,9 @@ import torch.nn.functional as F
 
 PROBE_ROWS = (1, 4, 8, 16, 64, 256)
 REPEATS = 5
+# `fastest_overall` times each product in two turns of a warm-up run and this many: as many
+# runs in all as one turn of REPEATS.
+REPEATS_PER_TURN = 2
 # The rows oneDNN lays a bf16 weight out for; measured within 5% of the best at 1 to 64 rows.
 BF16_BATCH_HINT = 16
 # The rows MKL and oneDNN lay a float32 weight out for (they compute any number of rows from
@@ -101,15 +104,25 @@ class MeasuredChoice:
         return self._second_faster[probe]
 
 
-def fastest_overall(products: Iterable[Product], in_features: int) -> int:
-    """The index of the fastest of `products` over PROBE_ROWS, by the geometric mean of its
-    times (each number of rows counts alike, however long it takes). Each product is timed
-    over all rows before the next is taken: a lazy iterable holds one at a time."""
+def fastest_overall(makers: Sequence[Callable[[], Product]], in_features: int) -> int:
+    """The index of the fastest of the products `makers` make, over PROBE_ROWS, by the
+    geometric mean of its times (each number of rows counts alike, however long it takes).
+    Each product is made, timed over all rows and dropped before the next is made (one held
+    at a time), in two passes, the second in reverse order, its best time of both kept at
+    each number of rows: a spell of load on the machine while one product is timed then
+    decides nothing unless it spans both of its turns. Timed once each, the layout of
+    SmolLM2's float32 weights, which oneDNN's packed form wins by ~11% overall on the Zen 3
+    (12.1 ms against 13.5, the geometric mean), came out unpacked in a bench run under load,
+    with which 16-row steps take ~10% longer."""
     inputs = [torch.randn(rows, in_features) for rows in PROBE_ROWS]
-    log_times: list[float] = []
-    for product in products:
-        log_times.append(sum(math.log(_seconds(product, x)) for x in inputs))
+    best = [[math.inf] * len(inputs) for _ in makers]
+    order = range(len(makers))
+    for index in (*order, *reversed(order)):
+        product = makers[index]()
+        best[index] = [min(seconds, _seconds(product, x, REPEATS_PER_TURN))
+                       for seconds, x in zip(best[index], inputs)]
         del product  # before the next is made
+    log_times = [sum(map(math.log, times)) for times in best]
     return log_times.index(min(log_times))
 
 
@@ -158,11 +171,11 @@ def transposed_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return (weight @ x.t()).t()[:rows].contiguous()
 
 
-def _seconds(product: Product, x: torch.Tensor) -> float:
+def _seconds(product: Product, x: torch.Tensor, repeats: int = REPEATS) -> float:
     """The fastest of a few runs, after one to warm up."""
     product(x)
     best = float("inf")
-    for _ in range(REPEATS):
+    for _ in range(repeats):
         start = time.perf_counter()
         product(x)
         best = min(best, time.perf_counter() - start)

@@ -28,7 +28,7 @@ On CUDA, decode steps replay CUDA graphs (see `decode_graphs.py`).
 from __future__ import annotations
 
 import gc
-import itertools
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
@@ -43,10 +43,12 @@ from engine.attention import AttentionBatch, paged_attention
 from engine.decode_graphs import DecodeGraphs
 from engine.host_memory import release_free_heap
 from engine.measured_choice import (FP32_PACKINGS, MeasuredChoice, MklPacked, OneDnnPacked,
-                                    fastest_overall, one_after_another, onednn_multiplies_bf16,
-                                    transposed_product)
+                                    Product, fastest_overall, one_after_another,
+                                    onednn_multiplies_bf16, transposed_product)
 from engine.quantization import (DenseCopy, QuantizationPlan, QuantizedEmbedding,
                                  QuantizedProjection, QuantizedWeight, RefinedHead, Scratch)
+
+logger = logging.getLogger(__name__)
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 # Load-time measurements time products over this many bytes of weights (SmolLM2's 30 layers:
@@ -338,13 +340,19 @@ class PagedRunner:
         None where the unpacked one is fastest."""
         weights = _timed_up_projections(model)
         unpacked = [Projection(weight, transposed=self._transposed) for weight in weights]
-        packings = [packing for packing in FP32_PACKINGS if packing.is_available()]
-        # Packed copies are made one packing at a time, as they are timed (128 MiB each).
-        products = itertools.chain([one_after_another(unpacked)], (
-            one_after_another([PackedProjection(p, packing) for p in unpacked])
-            for packing in packings))
-        fastest = fastest_overall(products, weights[0].shape[1])
-        return packings[fastest - 1] if fastest else None
+        layouts = [None, *(packing for packing in FP32_PACKINGS if packing.is_available())]
+
+        def product(packing: type[MklPacked | OneDnnPacked] | None) -> Product:
+            # Packed copies are made one packing at a time, as they are timed (128 MiB each).
+            return one_after_another([projection if packing is None
+                                      else PackedProjection(projection, packing)
+                                      for projection in unpacked])
+
+        chosen = layouts[fastest_overall([partial(product, packing) for packing in layouts],
+                                         weights[0].shape[1])]
+        logger.info("float32 projections: %s", "unpacked" if chosen is None
+                    else f"laid out for {chosen.__name__}'s GEMM, the fastest when timed")
+        return chosen
 
     @torch.inference_mode()
     def _measure_few_rows(self) -> None:
@@ -365,6 +373,9 @@ class PagedRunner:
             partial(setattr, self, "_few_rows", MeasuredChoice.second_always()),
             self._forward, probes, PROBE_ROUNDS)
         self._k_cache = self._v_cache = None
+        logger.info("steps of %s rows use unpacked %s projections (timed at the warm-up)",
+                    [rows for rows in FEW_ROW_PROBES if self._few_rows.second_is_faster(rows)]
+                    or "no number of", "/".join(FEW_ROW_PLAIN_ROLES))
         if self._few_rows.second_never_faster:
             self._few_row_layers = None
 

@@ -13,11 +13,14 @@ from engine.measured_choice import MeasuredChoice, fastest_overall
 from engine.paged_runner import measured_layers
 
 
-def slow(x: torch.Tensor) -> torch.Tensor:
+def slow(x: torch.Tensor, products: int = 200) -> torch.Tensor:
     weight = torch.ones(x.shape[1], x.shape[1])
-    for _ in range(200):
+    for _ in range(products):
         x = x @ weight / x.shape[1]
     return x
+
+
+medium = partial(slow, products=20)
 
 
 def fast(x: torch.Tensor) -> torch.Tensor:
@@ -33,9 +36,26 @@ def test_the_faster_way_is_chosen_for_every_number_of_rows() -> None:
 
 
 def test_a_choice_for_all_rows_at_once_picks_the_fastest_overall() -> None:
-    assert fastest_overall([slow, fast], 64) == 1
-    assert fastest_overall([fast, slow], 64) == 0
-    assert fastest_overall(iter([slow, slow, fast, slow]), 64) == 2
+    assert fastest_overall([lambda: slow, lambda: fast], 64) == 1
+    assert fastest_overall([lambda: fast, lambda: slow], 64) == 0
+    assert fastest_overall([lambda: slow, lambda: slow, lambda: fast, lambda: slow], 64) == 2
+
+
+def test_a_spell_of_load_during_one_turn_does_not_decide() -> None:
+    """Each product is made afresh for each of its two turns, one held at a time; a product
+    slowed in one turn only (here the first) is judged by the other."""
+    made: list[str] = []
+
+    def loaded_then_idle() -> measured_choice.Product:
+        made.append("loaded_then_idle")
+        return slow if len(made) == 1 else fast
+
+    def steady() -> measured_choice.Product:
+        made.append("steady")
+        return medium
+
+    assert fastest_overall([loaded_then_idle, steady], 64) == 0
+    assert made == ["loaded_then_idle", "steady", "steady", "loaded_then_idle"]
 
 
 @pytest.mark.parametrize("second_fast_at", [(), (1,), (1, 4), (4, 16)])
