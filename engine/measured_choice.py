@@ -122,8 +122,7 @@ def fastest_overall(makers: Sequence[Callable[[], Product]], in_features: int) -
         best[index] = [min(seconds, _seconds(product, x, REPEATS_PER_TURN))
                        for seconds, x in zip(best[index], inputs)]
         del product  # before the next is made
-    log_times = [sum(map(math.log, times)) for times in best]
-    return log_times.index(min(log_times))
+    return _least_geometric_mean(best)
 
 
 def fastest_in_turns(arrangements: Sequence[Callable[[], object]],
@@ -143,7 +142,12 @@ def fastest_in_turns(arrangements: Sequence[Callable[[], object]],
                 product(x)
                 if round_:
                     times[index] = min(times[index], time.perf_counter() - start)
-    log_times = [sum(map(math.log, times)) for times in best]
+    return _least_geometric_mean(best)
+
+
+def _least_geometric_mean(times: Sequence[Sequence[float]]) -> int:
+    """The index of the series of times whose geometric mean is least."""
+    log_times = [sum(map(math.log, series)) for series in times]
     return log_times.index(min(log_times))
 
 
