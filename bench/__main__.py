@@ -82,7 +82,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                              for streams, count in zip(levels, counts, strict=True)}
             batch_sizes = [BATCH_SIZE, *([LARGE_BATCH_SIZE] if quantized and 64 in levels
                                          else [])]
-            batch_prompts = [source.draw(size) for size in batch_sizes]
+            batch_prompts = [_static_batches(level_prompts, size, source)
+                             for size in batch_sizes]
             results, speculation = asyncio.run(_drive(server, pki, warm_up, level_prompts,
                                                       new_tokens))
             server_peak_rss = server.peak_rss_bytes()
@@ -124,7 +125,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "workload": {"levels": list(levels), "requests": counts, "max_new_tokens": new_tokens,
                      "ignore_eos": True, "do_sample": False,
                      "prompt_tokens": [args.prompt_min, args.prompt_max], "seed": args.seed,
-                     "static_batches": batch_sizes},
+                     # By size: how many static batches ran.
+                     "static_batches": {size: len(batches)
+                                        for size, batches in zip(batch_sizes, batch_prompts)}},
         "quantization": args.quantization,
         "speculate": args.speculate,
         # By level: requests' verifying steps, guessed tokens verified, and accepted.
@@ -233,14 +236,26 @@ async def _drive(server: ServerProcess, pki: DevPKIPaths, warm_up: Prompts,
     return results, speculation
 
 
+def _static_batches(level_prompts: dict[int, Prompts], size: int, source: PromptSource
+                    ) -> list[Prompts]:
+    """The static batches of `size` compared with the level of as many streams: that level's
+    own requests, `size` at a time (a batch of fresh prompts where that level is not run).
+    Five static batches of the same 16 prompts, one after another, ran at 82-96 tokens/s on
+    the Zen 3: a batch alone is too noisy a baseline for a ratio against a whole level."""
+    prompts = level_prompts.get(size) or source.draw(size)
+    return [prompts[start:start + size] for start in range(0, len(prompts) - size + 1, size)]
+
+
 def _baselines(baseline: Baseline, warm_up: Prompts, single_prompts: Prompts,
-               batch_prompts: Sequence[Prompts], new_tokens: int) -> list[Row]:
-    """transformers on the server's device and dtype: one at a time, then each static batch."""
-    print(f"transformers: {len(single_prompts)} prompts one at a time, then static batches of "
-          f"{', '.join(str(len(prompts)) for prompts in batch_prompts)}", flush=True)
+               batch_prompts: Sequence[list[Prompts]], new_tokens: int) -> list[Row]:
+    """transformers on the server's device and dtype: one at a time, then the static
+    batches of each size."""
+    print(f"transformers: {len(single_prompts)} prompts one at a time, then "
+          + ", ".join(f"{len(batches)} static batch{'es' if len(batches) > 1 else ''} of "
+                      f"{len(batches[0])}" for batches in batch_prompts), flush=True)
     baseline.warm_up(warm_up[0], WARM_UP_TOKENS)
     return [baseline.one_at_a_time(single_prompts, new_tokens),
-            *(baseline.static_batch(prompts, new_tokens) for prompts in batch_prompts)]
+            *(baseline.static_batches(batches, new_tokens) for batches in batch_prompts)]
 
 
 def _device_name(device: torch.device) -> str:

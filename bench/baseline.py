@@ -26,30 +26,36 @@ class Baseline:
         self._generate([prompt], new_tokens)
 
     def one_at_a_time(self, prompts: Sequence[tuple[int, ...]], max_new_tokens: int) -> Row:
-        """Each prompt alone. TTFT: a generate of one token; TPOT: the rest of a full
-        generate's time, per remaining token."""
+        """Each prompt alone, one after another."""
+        return self._batches("transformers, one at a time", [[prompt] for prompt in prompts],
+                             max_new_tokens)
+
+    def static_batches(self, batches: Sequence[Sequence[tuple[int, ...]]],
+                       max_new_tokens: int) -> Row:
+        """Each batch's prompts in one left-padded batch, the batches one after another (the
+        same requests as the level of as many streams sends, `size` at a time)."""
+        return self._batches(f"transformers, static batch of {len(batches[0])}", batches,
+                             max_new_tokens)
+
+    def _batches(self, name: str, batches: Sequence[Sequence[tuple[int, ...]]],
+                 max_new_tokens: int) -> Row:
+        """The batches one after another, their tokens/s the total over them. By batch, TTFT:
+        a generate of one token; TPOT: the rest of a full generate's time, per remaining
+        token."""
         ttfts: list[float] = []
         tpots: list[float] = []
         tokens = 0
         wall_s = cpu_s = 0.0
-        for prompt in prompts:
-            ttft, _, _ = self._generate([prompt], 1)
-            elapsed, cpu, generated = self._generate([prompt], max_new_tokens)
+        for prompts in batches:
+            ttft, _, _ = self._generate(prompts, 1)
+            elapsed, cpu, generated = self._generate(prompts, max_new_tokens)
             ttfts.append(ttft)
             tpots.append((elapsed - ttft) / (max_new_tokens - 1))
             tokens += generated
             wall_s += elapsed
             cpu_s += cpu
-        return make_row("transformers, one at a time", 1, len(prompts), 0, tokens, wall_s, cpu_s,
-                        ttfts, tpots)
-
-    def static_batch(self, prompts: Sequence[tuple[int, ...]], max_new_tokens: int) -> Row:
-        """All prompts in one left-padded batch; TTFT and TPOT as for one at a time."""
-        ttft, _, _ = self._generate(prompts, 1)
-        elapsed, cpu_s, tokens = self._generate(prompts, max_new_tokens)
-        return make_row(f"transformers, static batch of {len(prompts)}", len(prompts),
-                        len(prompts), 0, tokens, elapsed, cpu_s, [ttft],
-                        [(elapsed - ttft) / (max_new_tokens - 1)])
+        return make_row(name, len(batches[0]), sum(len(prompts) for prompts in batches), 0,
+                        tokens, wall_s, cpu_s, ttfts, tpots)
 
     def _generate(self, prompts: Sequence[tuple[int, ...]],
                   new_tokens: int) -> tuple[float, float, int]:
