@@ -239,10 +239,13 @@ async def _drive(server: ServerProcess, pki: DevPKIPaths, warm_up: Prompts,
 def _static_batches(level_prompts: dict[int, Prompts], size: int, source: PromptSource
                     ) -> list[Prompts]:
     """The static batches of `size` compared with the level of as many streams: that level's
-    own requests, `size` at a time (a batch of fresh prompts where that level is not run).
-    Five static batches of the same 16 prompts, one after another, ran at 82-96 tokens/s on
-    the Zen 3: a batch alone is too noisy a baseline for a ratio against a whole level."""
-    prompts = level_prompts.get(size) or source.draw(size)
+    own requests, `size` at a time (a batch of fresh prompts where that level sends fewer or
+    is not run). Five static batches of the same 16 prompts, one after another, ran at 82-96
+    tokens/s on the Zen 3: a batch alone is too noisy a baseline for a ratio against a whole
+    level."""
+    prompts = level_prompts.get(size, [])
+    if len(prompts) < size:
+        prompts = source.draw(size)
     return [prompts[start:start + size] for start in range(0, len(prompts) - size + 1, size)]
 
 
