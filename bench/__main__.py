@@ -1,5 +1,6 @@
-"""`python -m bench [--quick]`: start the real server, load it at each concurrency level, stop
-it, run the transformers baselines on the same model, then print and write the report."""
+"""`python -m bench [--quick]`: start the real server, load it at each concurrency level, run
+the transformers baselines on the same model while it idles, then (`--turns`) the compared
+levels and baselines again, in turn; stop it, then print and write the report."""
 
 from __future__ import annotations
 
@@ -12,10 +13,12 @@ import resource
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from functools import partial
 from pathlib import Path
+from typing import TypeVar
 
 import psutil
 import torch
@@ -41,9 +44,19 @@ QUICK_LEVELS = (1, 4)
 FULL_NEW_TOKENS = 64
 QUICK_NEW_TOKENS = 16
 WARM_UP_TOKENS = 4
+TURNS = 2
 MAX_ERRORS_KEPT = 20
 
 Prompts = list[tuple[int, ...]]
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class LevelRun:
+    """One turn of a level: its figures, and the server's speculation counters over it."""
+
+    result: LevelResult
+    speculation: dict[str, float]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -52,6 +65,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     new_tokens = args.max_new_tokens or (QUICK_NEW_TOKENS if args.quick else FULL_NEW_TOKENS)
     if new_tokens < 2:
         sys.exit("--max-new-tokens must be at least 2 (TPOT needs two tokens)")
+    if args.turns < 1:
+        sys.exit("--turns must be at least 1")
     counts = [max(args.requests_per_stream * streams, args.min_requests) for streams in levels]
     quantized = args.quantization != "none"
     device = resolve_device(args.device)
@@ -82,25 +97,52 @@ def main(argv: Sequence[str] | None = None) -> int:
                              for streams, count in zip(levels, counts, strict=True)}
             batch_sizes = [BATCH_SIZE, *([LARGE_BATCH_SIZE] if quantized and 64 in levels
                                          else [])]
-            batch_prompts = [_static_batches(level_prompts, size, source)
-                             for size in batch_sizes]
-            results, speculation = asyncio.run(_drive(server, pki, warm_up, level_prompts,
-                                                      new_tokens))
+            # The levels compared with a baseline; the one-at-a-time baseline runs the
+            # prompts of the 1-stream level (else of the first).
+            compared = [streams for streams in levels if streams in (1, batch_sizes[-1])]
+            turn_prompts = level_prompts
+            turn_single = level_prompts.get(1, level_prompts[levels[0]])
+            turn_sizes = batch_sizes
+            baseline = Baseline(model, tokenizer.eos_token_id, device, dtype)
+            level_turns: list[dict[int, LevelRun]] = []
+            baseline_turns: list[list[Row]] = []
+            server_cpu_while_baselines = 0.0
+            for turn in range(args.turns):
+                if turn:
+                    print(f"turn {turn + 1} of {args.turns}: the compared levels and baselines "
+                          "again, with fresh prompts of the same lengths", flush=True)
+                    turn_prompts = {streams: source.draw_like(turn_prompts[streams])
+                                    for streams in compared}
+                    turn_single = turn_prompts.get(1) or source.draw_like(turn_single)
+                    turn_sizes = batch_sizes[-1:]
+                batch_prompts = [_static_batches(turn_prompts, size, source)
+                                 for size in turn_sizes]
+                if turn == 0:
+                    static_batches = {size: len(batches)
+                                      for size, batches in zip(batch_sizes, batch_prompts)}
+                level_turns.append(asyncio.run(_drive(server, pki, warm_up, turn_prompts,
+                                                      new_tokens)))
+                cpu_before = cpu_seconds(server)
+                baseline_turns.append(_baselines(baseline, warm_up, turn_single, batch_prompts,
+                                                 new_tokens))
+                server_cpu_while_baselines += cpu_seconds(server) - cpu_before
             server_peak_rss = server.peak_rss_bytes()
         finally:
             server.stop()
 
-    # The one-at-a-time baseline runs the prompts of the 1-stream level (else of the first).
-    single_prompts = level_prompts.get(1, level_prompts[levels[0]])
-    one_at_a_time, *batches = _baselines(Baseline(model, tokenizer.eos_token_id, device, dtype),
-                                         warm_up, single_prompts, batch_prompts, new_tokens)
+    runs = {streams: _fastest([turn[streams] for turn in level_turns if streams in turn],
+                              lambda run: run.result.row)
+            for streams in levels}
+    one_at_a_time = _fastest([turn[0] for turn in baseline_turns])
+    batches = [*baseline_turns[0][1:-1], _fastest([turn[-1] for turn in baseline_turns])]
     baseline_peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
-    level_rows = {streams: result.row for streams, result in results.items()}
+    level_rows = {streams: run.result.row for streams, run in runs.items()}
     rows = [*level_rows.values(), one_at_a_time, *batches]
     goals = (report.quantized_targets(level_rows, one_at_a_time, batches[-1], server_peak_rss)
              if quantized else
              report.targets(level_rows, one_at_a_time, batches[0], server_peak_rss))
-    errors = [message for result in results.values() for message in result.errors]
+    errors = [message for turn in level_turns for run in turn.values()
+              for message in run.result.errors]
     duration_s = time.perf_counter() - started
 
     print()
@@ -125,20 +167,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         "workload": {"levels": list(levels), "requests": counts, "max_new_tokens": new_tokens,
                      "ignore_eos": True, "do_sample": False,
                      "prompt_tokens": [args.prompt_min, args.prompt_max], "seed": args.seed,
-                     # By size: how many static batches ran.
-                     "static_batches": {size: len(batches)
-                                        for size, batches in zip(batch_sizes, batch_prompts)}},
+                     "turns": args.turns,
+                     # By size: how many static batches ran (a turn).
+                     "static_batches": static_batches},
         "quantization": args.quantization,
         "speculate": args.speculate,
         # By level: requests' verifying steps, guessed tokens verified, and accepted.
-        "speculation": speculation if args.speculate else None,
+        "speculation": ({streams: run.speculation for streams, run in runs.items()}
+                        if args.speculate else None),
         "model": str(served),
         "device": _device_name(device),
         "dtype": str(dtype).removeprefix("torch."),
         "server_config": args.server_config and json.loads(args.server_config.read_text()),
         "server_peak_rss_bytes": server_peak_rss,
+        # The idle server's CPU time while the baselines ran: near 0, else it skewed them.
+        "server_cpu_s_while_baselines": server_cpu_while_baselines,
         "baseline_peak_rss_bytes": baseline_peak_rss,
         "errors": errors[:MAX_ERRORS_KEPT],
+        # By row: tokens/s of each of its turns (the rows show the fastest).
+        "turns": _turns_tokens_per_s(level_turns, baseline_turns),
     }
     report.write_json(stem.with_suffix(".json"), rows, goals, details)
     stem.with_suffix(".md").write_text(report.markdown(rows, goals))
@@ -172,6 +219,10 @@ def _parser() -> argparse.ArgumentParser:
                         help="shortest prompt, in tokens (default: 32)")
     parser.add_argument("--prompt-max", type=int, default=160,
                         help="longest prompt, in tokens (default: 160)")
+    parser.add_argument("--turns", type=int, default=TURNS,
+                        help="the levels compared with a baseline (1 stream; 16, or 64 when "
+                             "quantized) and those baselines run this many times in turn, "
+                             f"each side's fastest turn counted (default: {TURNS})")
     parser.add_argument("--seed", type=int, default=1234, help="workload seed (default: 1234)")
     parser.add_argument("--quantization", choices=QUANTIZATIONS, default="none",
                         help="the server's --quantization; a quantized run is also compared "
@@ -210,11 +261,9 @@ def _levels(text: str) -> tuple[int, ...]:
 
 
 async def _drive(server: ServerProcess, pki: DevPKIPaths, warm_up: Prompts,
-                 level_prompts: dict[int, Prompts], new_tokens: int
-                 ) -> tuple[dict[int, LevelResult], dict[int, dict[str, float]]]:
-    """Each level's results, and its speculation counters (the server's, over the level)."""
-    results: dict[int, LevelResult] = {}
-    speculation: dict[int, dict[str, float]] = {}
+                 level_prompts: dict[int, Prompts], new_tokens: int) -> dict[int, LevelRun]:
+    """One turn of the levels of `level_prompts`, by their numbers of streams."""
+    runs: dict[int, LevelRun] = {}
     async with secure_channel(server.address, pki.ca_cert, pki.client_cert,
                               pki.client_key) as channel:
         await run_level(channel, server.model_name, "warm-up", 1, warm_up, WARM_UP_TOKENS,
@@ -223,17 +272,16 @@ async def _drive(server: ServerProcess, pki: DevPKIPaths, warm_up: Prompts,
             name = f"switchboard, {streams} stream{'s' if streams > 1 else ''}"
             print(f"{name}: {len(prompts)} requests of {new_tokens} tokens", flush=True)
             before = await speculation_counters(channel)
-            result = results[streams] = await run_level(
-                channel, server.model_name, name, streams, prompts, new_tokens,
-                partial(cpu_seconds, server))
+            result = await run_level(channel, server.model_name, name, streams, prompts,
+                                     new_tokens, partial(cpu_seconds, server))
             after = await speculation_counters(channel)
-            counts = speculation[streams] = {key: after[key] - before.get(key, 0.0)
-                                             for key in after}
+            counts = {key: after[key] - before.get(key, 0.0) for key in after}
+            runs[streams] = LevelRun(result, counts)
             guessed = counts.get("draft_tokens", 0.0)
             print(f"  {result.row.tokens_per_s:.1f} tokens/s, {result.row.errors} errors"
                   + (f"; {counts['accepted_tokens']:.0f} of {guessed:.0f} guessed tokens "
                      "accepted" if guessed else ""), flush=True)
-    return results, speculation
+    return runs
 
 
 def _static_batches(level_prompts: dict[int, Prompts], size: int, source: PromptSource
@@ -257,8 +305,26 @@ def _baselines(baseline: Baseline, warm_up: Prompts, single_prompts: Prompts,
           + ", ".join(f"{len(batches)} static batch{'es' if len(batches) > 1 else ''} of "
                       f"{len(batches[0])}" for batches in batch_prompts), flush=True)
     baseline.warm_up(warm_up[0], WARM_UP_TOKENS)
-    return [baseline.one_at_a_time(single_prompts, new_tokens),
+    rows = [baseline.one_at_a_time(single_prompts, new_tokens),
             *(baseline.static_batches(batches, new_tokens) for batches in batch_prompts)]
+    print("  " + ", ".join(f"{row.tokens_per_s:.1f} tokens/s" for row in rows), flush=True)
+    return rows
+
+
+def _fastest(turns: Sequence[T], row: Callable[[T], Row] = lambda row: row) -> T:
+    """The turn of the most tokens/s: the machine is shared, and another's load only slows a
+    turn down (five static batches of the same 16 prompts in a row ran at 82-96 tokens/s on
+    the Zen 3; our 16-stream level, 113-130 in runs of the same code within hours)."""
+    return max(turns, key=lambda turn: row(turn).tokens_per_s)
+
+
+def _turns_tokens_per_s(level_turns: Sequence[dict[int, LevelRun]],
+                        baseline_turns: Sequence[list[Row]]) -> dict[str, list[float]]:
+    turns: dict[str, list[float]] = {}
+    for row in [run.result.row for turn in level_turns for run in turn.values()] + [
+            row for turn in baseline_turns for row in turn]:
+        turns.setdefault(row.name, []).append(row.tokens_per_s)
+    return turns
 
 
 def _device_name(device: torch.device) -> str:

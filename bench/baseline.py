@@ -1,6 +1,7 @@
 """The baseline: plain transformers `generate` on the same converted model, device and dtype,
-in this process (run after the server has stopped, so the two never share the CPU or GPU). `min_new_tokens` equal to
-`max_new_tokens` makes it generate exactly as many tokens as the server does with ignore_eos."""
+in this process (run while the server idles between its levels, so the two never compute at
+once). `min_new_tokens` equal to `max_new_tokens` makes it generate exactly as many tokens as
+the server does with ignore_eos."""
 
 from __future__ import annotations
 

@@ -44,11 +44,15 @@ class PromptSource:
     def draw(self, count: int) -> list[tuple[int, ...]]:
         return [self._draw_one() for _ in range(count)]
 
-    def _draw_one(self) -> tuple[int, ...]:
+    def draw_like(self, prompts: Sequence[tuple[int, ...]]) -> list[tuple[int, ...]]:
+        """Fresh prompts of the lengths of `prompts`: as much work, none of it cached."""
+        return [self._draw_one(len(prompt)) for prompt in prompts]
+
+    def _draw_one(self, length: int | None = None) -> tuple[int, ...]:
         while True:
             ids = self._pool.copy()
             self._rng.shuffle(ids)
-            prompt = tuple(ids[:self._rng.randint(self._min_len, self._max_len)])
+            prompt = tuple(ids[:length or self._rng.randint(self._min_len, self._max_len)])
             if prompt not in self._seen:
                 self._seen.add(prompt)
                 return prompt
