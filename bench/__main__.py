@@ -107,9 +107,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             level_turns: list[dict[int, LevelRun]] = []
             baseline_turns: list[list[Row]] = []
             server_cpu_while_baselines = 0.0
-            for turn in range(args.turns):
+            turns = args.turns if compared else 1  # nothing to compare: no more turns
+            for turn in range(turns):
                 if turn:
-                    print(f"turn {turn + 1} of {args.turns}: the compared levels and baselines "
+                    print(f"turn {turn + 1} of {turns}: the compared levels and baselines "
                           "again, with fresh prompts of the same lengths", flush=True)
                     turn_prompts = {streams: source.draw_like(turn_prompts[streams])
                                     for streams in compared}
@@ -167,7 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "workload": {"levels": list(levels), "requests": counts, "max_new_tokens": new_tokens,
                      "ignore_eos": True, "do_sample": False,
                      "prompt_tokens": [args.prompt_min, args.prompt_max], "seed": args.seed,
-                     "turns": args.turns,
+                     "turns": turns,
                      # By size: how many static batches ran (a turn).
                      "static_batches": static_batches},
         "quantization": args.quantization,
