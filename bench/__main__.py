@@ -314,8 +314,8 @@ def _baselines(baseline: Baseline, warm_up: Prompts, single_prompts: Prompts,
 
 def _fastest(turns: Sequence[T], row: Callable[[T], Row] = lambda row: row) -> T:
     """The turn of the most tokens/s: the machine is shared, and another's load only slows a
-    turn down (five static batches of the same 16 prompts in a row ran at 82-96 tokens/s on
-    the Zen 3; our 16-stream level, 113-130 in runs of the same code within hours)."""
+    turn down (our 16-stream level ran at 113-130 tokens/s in runs of the same code within
+    hours; for the static batches' spread see `_static_batches`)."""
     return max(turns, key=lambda turn: row(turn).tokens_per_s)
 
 
