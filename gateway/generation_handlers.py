@@ -80,7 +80,7 @@ class TgiHandler(GenerationHandler):
         """TGI's and vLLM's probe: 200 with an empty body when the model is ready, else 503."""
         if not await self.is_server_ready():
             raise RequestError(503, "unhealthy")
-        self.finish()
+        self.finish_empty()
 
     async def generate_tgi(self, document: object) -> None:
         request, options = tgi.generate_request_to_pb(document, self.stream)

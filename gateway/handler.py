@@ -15,6 +15,7 @@ import tornado.web
 from tornado.httputil import responses
 from tornado.iostream import StreamClosedError
 
+from gateway.content_coding import ACCEPTED, UNSUPPORTED_STATUS, BodyDecoder, body_decoder
 from gateway.errors import KSERVE_HTTP_STATUS, RequestError, client_message, http_status
 from gateway.lifecycle import Lifecycle
 from gateway.metrics import GatewayMetrics
@@ -61,6 +62,7 @@ class Handler(tornado.web.RequestHandler):
         self.route = route
         self._chunks: list[bytes] = []
         self._size = 0
+        self._decoder: BodyDecoder | None = None
         self._calls: set[grpc.aio.Call] = set()
         self._in_flight = False
         self._admitted = False
@@ -71,6 +73,8 @@ class Handler(tornado.web.RequestHandler):
         if declared.isdigit() and int(declared) > self.max_body_bytes:
             raise RequestError(413, f"the body ({declared} bytes) is over the limit of "
                                f"{self.max_body_bytes} bytes")
+        self._decoder = body_decoder(self.request.headers.get("Content-Encoding"),
+                                     self.max_body_bytes)
         if self.runs_inference and self.request.method == "POST":
             self.services.lifecycle.enter()
             self._in_flight = True
@@ -113,6 +117,8 @@ class Handler(tornado.web.RequestHandler):
             self.services.lifecycle.leave()
 
     def data_received(self, chunk: bytes) -> None:
+        if self._decoder is not None:
+            chunk = self._decoder.decode(chunk)
         self._size += len(chunk)
         if self._size > self.max_body_bytes:
             raise RequestError(413, f"the body is over the limit of {self.max_body_bytes} bytes")
@@ -120,6 +126,9 @@ class Handler(tornado.web.RequestHandler):
 
     @property
     def body(self) -> bytes:
+        """The request's body, decoded from its Content-Encoding."""
+        if self._decoder is not None:
+            self._decoder.finish()
         return b"".join(self._chunks)
 
     def track(self, call: grpc.aio.Call) -> grpc.aio.Call:
@@ -149,6 +158,11 @@ class Handler(tornado.web.RequestHandler):
         elif not self._finished:
             self.set_status(CLIENT_CLOSED_REQUEST)
             self.finish()
+
+    def finish_empty(self) -> None:
+        """200 with no body, and so no Content-Type (Tornado's default is text/html)."""
+        self.clear_header("Content-Type")
+        self.finish()
 
     def write_json(self, document: object, status: int = 200) -> None:
         self.set_status(status)
@@ -191,9 +205,12 @@ class Handler(tornado.web.RequestHandler):
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         error = kwargs.get("exc_info", (None, None, None))[1]
-        if status_code == 405:
+        status, document = self.error_document(error, status_code)
+        if status == 405:
             self.set_header("Allow", ", ".join(self.allowed_methods()))
-        self.write_json(*reversed(self.error_document(error, status_code)))
+        if status == UNSUPPORTED_STATUS:
+            self.set_header("Accept-Encoding", ACCEPTED)
+        self.write_json(document, status)
 
     async def relay(self, responses: AsyncIterable[Response],
                     render: Callable[[Response], Iterable[bytes]], *,

@@ -491,8 +491,9 @@ def openai_error(status: int) -> JSON:
 
 def statuses(table: Mapping[grpc.StatusCode, int], *own: int) -> tuple[int, ...]:
     """A protocol's error statuses: the server's, as `table` maps them, and the gateway's own:
-    413 (a body over the limit), 500 (anything unexpected) and `own`."""
-    return tuple(sorted({*table.values(), 413, 500, *own}))
+    413 (a body over the limit), 415 (a Content-Encoding other than gzip or deflate), 500
+    (anything unexpected) and `own`."""
+    return tuple(sorted({*table.values(), 413, 415, 500, *own}))
 
 
 TYPED_ERROR = obj({"error": STRING, "error_type": STRING}, ["error", "error_type"], closed=True)

@@ -25,7 +25,7 @@ class ServerLiveHandler(Handler):
     def _answer(self, ok: bool, message: str) -> None:
         if not ok:
             raise RequestError(503, message)
-        self.finish()
+        self.finish_empty()
 
 
 class ServerReadyHandler(ServerLiveHandler):

@@ -72,7 +72,7 @@ HTTP_STATUS = {
     grpc.StatusCode.PERMISSION_DENIED: 403,
 }
 ERROR_TYPES = {400: "invalid_request_error", 405: "invalid_request_error",
-               413: "invalid_request_error",
+               413: "invalid_request_error", 415: "invalid_request_error",
                404: "not_found_error", 401: "authentication_error", 403: "permission_error",
                429: "rate_limit_error", 504: "timeout_error"}
 

@@ -58,8 +58,9 @@ HTTP_STATUS = {
     grpc.StatusCode.UNAUTHENTICATED: 401,
     grpc.StatusCode.PERMISSION_DENIED: 403,
 }
-ERROR_TYPES = {400: "validation", 413: "validation", 422: "validation", 429: "overloaded",
-               424: "generation", 503: "healthcheck", 504: "timeout", 404: "not_found"}
+ERROR_TYPES = {400: "validation", 413: "validation", 415: "validation", 422: "validation",
+               429: "overloaded", 424: "generation", 503: "healthcheck", 504: "timeout",
+               404: "not_found"}
 
 
 @dataclass(frozen=True, slots=True)

@@ -264,7 +264,7 @@ def test_curl_info(gateway, client_files) -> None:
 def test_curl_health(gateway, client_files, path) -> None:
     reply = curl_with(client_files, business(gateway, path))
     assert (reply.exit_code, reply.status) == (0, 200), reply.body
-    assert reply.body == b""
+    assert reply.body == b"" and "content-type" not in reply.headers
 
 
 def test_sagemakers_ping_answers_a_post_too_as_vllm_does(gateway, client_files) -> None:

@@ -200,6 +200,29 @@ def test_tritonclient_http_token_infer(triton, binary_data) -> None:
     assert ("parameters" in response["outputs"][0]) is binary_data  # binary_data_size
 
 
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+def test_tritonclient_http_compressed_request(triton, algorithm) -> None:
+    """tritonclient.http compresses the body and says so in Content-Encoding (Triton decodes
+    gzip and deflate)."""
+    result = triton.infer(MODEL, [token_tensor()], request_compression_algorithm=algorithm,
+                          parameters={"max_new_tokens": 1, "do_sample": False})
+    assert result.as_numpy("output0").tolist() == [[7042]]  # " Paris", greedily
+
+
+def test_an_unsupported_content_encoding_is_415_with_the_accepted_ones(gateway, client_files
+                                                                       ) -> None:
+    connection = connect(gateway.url("business"), client_files)
+    try:
+        connection.request("POST", model_path("generate"), b'{"text_input": "Hi"}',
+                           {"Content-Type": "application/json", "Content-Encoding": "br"})
+        response = connection.getresponse()
+        reply = json.loads(response.read())
+    finally:
+        connection.close()
+    assert (response.status, response.getheader("Accept-Encoding")) == (415, "gzip, deflate")
+    assert reply["error"].startswith("Content-Encoding: 'br' is not supported")
+
+
 # 3. stopInfer ---------------------------------------------------------------------------------
 
 def test_stop_infer_ends_a_stream_early(gateway, client_files) -> None:
