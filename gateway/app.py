@@ -45,6 +45,7 @@ ROUTES: dict[Plane, list[tuple[str, type[tornado.web.RequestHandler], str]]] = {
     Plane.BUSINESS: [
         *HEALTH_ROUTES,
         (r"/v2", triton.ServerMetadataHandler, "server_metadata"),
+        (r"/v2/repository/index", triton.RepositoryIndexHandler, "repository_index"),
         # Before MODEL, which would take "stats" for a model's name.
         (r"/v2/models/stats", triton.ModelStatisticsHandler, "server_statistics"),
         (MODEL, triton.ModelMetadataHandler, "model_metadata"),

@@ -241,6 +241,7 @@ REQUESTS: dict[str, JSON] = {
                             **optional({**PARAMETERS, **VLLM_BACKEND_INPUTS})},
                            ["text_input"], closed=True),
     "StopInferRequest": obj({"id": REQUEST_ID}, ["id"]),
+    "RepositoryIndexRequest": obj({"ready": nullable(BOOLEAN)}, closed=True),
     "TgiParameters": obj(optional(TGI_PARAMETERS), closed=True),
     # `stream` is read by POST / only.
     "TgiRequest": obj({"inputs": PROMPT, "parameters": nullable(ref("TgiParameters")),
@@ -348,6 +349,8 @@ REPLIES: dict[str, JSON] = {
                           "inputs": array(TENSOR_METADATA), "outputs": array(TENSOR_METADATA)},
                          ["name", "versions", "platform", "inputs", "outputs"]),
     "ModelConfig": obj({"name": STRING}, ["name"]),
+    "RepositoryIndex": array(obj({"name": STRING, "version": STRING, "state": STRING,
+                                  "reason": STRING}, ["name", "version", "state", "reason"])),
     "ModelStatistics": obj({"model_stats": array(obj({
         "name": STRING, "version": STRING,
         **counts("last_inference", "inference_count", "execution_count"),
@@ -541,12 +544,14 @@ def error_shape(handler: type[tornado.web.RequestHandler]) -> ErrorShape:
 
 @dataclass(frozen=True, slots=True)
 class Operation:
-    """What one method of a route takes and answers: `body`, its JSON request schema;
-    `ok`, its 200 reply by media type (empty: no body; None: it never answers 200)."""
+    """What one method of a route takes and answers: `body`, its JSON request schema (which
+    may be left out unless `body_required`); `ok`, its 200 reply by media type (empty: no
+    body; None: it never answers 200)."""
 
     summary: str
     ok: Mapping[str, JSON] | None
     body: JSON | None = None
+    body_required: bool = True
 
 
 def json_reply(name: str) -> dict[str, JSON]:
@@ -567,6 +572,10 @@ OPERATIONS: dict[str, dict[str, Operation]] = {
                                         json_reply("ModelMetadata"))},
     "model_config": {"get": Operation("Triton's model configuration",
                                       json_reply("ModelConfig"))},
+    "repository_index": {"post": Operation(
+        "Triton's model repository index (the served model; an empty body or `ready: false` "
+        "lists it while it loads too)", json_reply("RepositoryIndex"),
+        ref("RepositoryIndexRequest"), body_required=False)},
     "server_statistics": {"get": Operation("Triton's statistics of every model",
                                            json_reply("ModelStatistics"))},
     "model_statistics": {"get": Operation("Triton's statistics of the model",
@@ -775,7 +784,7 @@ def _operation(route: str, method: str, operation: Operation, shape: ErrorShape,
                                      name, {"type": "string", "pattern": f"^(?:{regex})$"})}
                                 for name, regex in patterns.items()]
     if operation.body is not None:
-        result["requestBody"] = {"required": True,
+        result["requestBody"] = {"required": operation.body_required,
                                  "content": {"application/json": {"schema": operation.body}}}
     return result
 

@@ -36,6 +36,10 @@ class ServerReadyHandler(ServerLiveHandler):
 
 class ModelReadyHandler(ServerLiveHandler):
     async def get(self, model: str, version: str | None = None) -> None:
+        """404 for a model or version not served (MindIE's route: the model must exist), which
+        the server's ModelReady answers as not ready, as Triton's does."""
+        await self.track(self.upstream.inference.ModelMetadata(
+            pb.ModelMetadataRequest(name=model, version=version or ""), timeout=METADATA_TIMEOUT_S))
         response = await self.track(self.upstream.inference.ModelReady(
             pb.ModelReadyRequest(name=model, version=version or ""), timeout=METADATA_TIMEOUT_S))
         self._answer(response.ready and not self.services.lifecycle.stopping,
@@ -61,6 +65,13 @@ class ModelConfigHandler(Handler):
         response = await self.track(self.upstream.inference.ModelConfig(
             pb.ModelConfigRequest(name=model, version=version or ""), timeout=METADATA_TIMEOUT_S))
         self.write_json(kserve.model_config_json(response.config))
+
+
+class RepositoryIndexHandler(Handler):
+    async def post(self) -> None:
+        response = await self.track(self.upstream.inference.RepositoryIndex(
+            kserve.repository_index_request(self.body), timeout=METADATA_TIMEOUT_S))
+        self.write_json(kserve.repository_index_json(response))
 
 
 class ModelStatisticsHandler(Handler):

@@ -29,6 +29,8 @@ from server import triton_vllm
 from server.triton_vllm import VllmOptions
 
 FINAL_RESPONSE_PARAMETER = "triton_final_response"
+# The served model's one version.
+MODEL_VERSION = "1"
 # Reserved by Triton's parameters extension; they steer Triton's own scheduler, not generation.
 TRITON_RESERVED_PARAMETERS = frozenset({"sequence_id", "sequence_start", "sequence_end", "headers",
                                         "binary_data_output"})
@@ -310,10 +312,10 @@ def stream_response(call: InferCall, model_name: str,
 
 def stream_error(request: pb.ModelInferRequest, message: str) -> pb.ModelStreamInferResponse:
     """An in-band error, which ends its request: as Triton does, it names the request (id,
-    model) so that a client with several requests on the stream knows which failed, and is
-    that request's final response."""
+    model and version) so that a client with several requests on the stream knows which
+    failed, and is that request's final response."""
     response = pb.ModelInferResponse(id=request.id, model_name=request.model_name,
-                                     model_version=request.model_version)
+                                     model_version=request.model_version or MODEL_VERSION)
     response.parameters[FINAL_RESPONSE_PARAMETER].bool_param = True
     return pb.ModelStreamInferResponse(error_message=message, infer_response=response)
 
@@ -327,7 +329,8 @@ def deserialize_bytes(data: bytes, field: str) -> list[bytes]:
 
 def _response(call: InferCall, model_name: str, token_ids: Iterable[int],
               text: str) -> pb.ModelInferResponse:
-    response = pb.ModelInferResponse(model_name=model_name, model_version="1", id=call.client_id)
+    response = pb.ModelInferResponse(model_name=model_name, model_version=MODEL_VERSION,
+                                     id=call.client_id)
     if not call.wants(call.kind.output_name):
         return response
     output = response.outputs.add(name=call.kind.output_name, datatype=call.kind.datatype)

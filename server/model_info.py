@@ -10,13 +10,12 @@ from proto import model_config_pb2 as mc
 from proto.vllm_backend_tensors import CONTROL_INPUTS, EXTRA_OUTPUTS
 from typing import TYPE_CHECKING
 
-from server.codec import InputKind
+from server.codec import MODEL_VERSION, InputKind
 
 if TYPE_CHECKING:
     from server.metrics import Duration, InferenceTotals
 
 PLATFORM = "switchboard"
-MODEL_VERSION = "1"
 # Triton extensions this server implements (ServerMetadataResponse.extensions).
 EXTENSIONS = ("model_configuration", "parameters", "schedule_policy", "statistics")
 # Devices the model is spread over: one (no tensor parallelism).

@@ -16,7 +16,7 @@ from typing import TypeVar
 
 import grpc
 
-from engine.errors import EngineError, GenerationFailed
+from engine.errors import EngineError, GenerationFailed, NotFound
 from engine.request import RequestOutput
 from proto import grpc_service_pb2 as pb
 from proto import grpc_service_pb2_grpc as pb_grpc
@@ -81,10 +81,13 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                           ) -> pb.ServerReadyResponse:
         return pb.ServerReadyResponse(ready=self.served.is_ready)
 
-    @engine_errors
     async def ModelReady(self, request: pb.ModelReadyRequest, context: grpc.aio.ServicerContext
                          ) -> pb.ModelReadyResponse:
-        self.served.check_model(request.name, request.version)
+        """As Triton's: a model or version not served is not ready (no error)."""
+        try:
+            self.served.check_model(request.name, request.version)
+        except NotFound:
+            return pb.ModelReadyResponse(ready=False)
         return pb.ModelReadyResponse(ready=self.served.is_ready)
 
     async def ServerMetadata(self, request: pb.ServerMetadataRequest,
@@ -94,6 +97,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def RepositoryIndex(self, request: pb.RepositoryIndexRequest,
                               context: grpc.aio.ServicerContext) -> pb.RepositoryIndexResponse:
         """Triton's model repository index: the one served model, READY once loaded."""
+        if request.repository_name:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED,
+                                "'repository_name' specification is not supported")
         ready = self.served.is_ready
         if request.ready and not ready:
             return pb.RepositoryIndexResponse()

@@ -177,6 +177,24 @@ def model_metadata_json(response: pb.ModelMetadataResponse) -> dict[str, object]
             "outputs": tensors(response.outputs)}
 
 
+def repository_index_request(body: bytes) -> pb.RepositoryIndexRequest:
+    """Triton's POST /v2/repository/index: an empty body, or `{"ready": true}` for the models
+    ready to serve only."""
+    if not body.strip():
+        return pb.RepositoryIndexRequest()
+    document = require_object(parse_json(body), "the body")
+    refuse_unknown(document, {"ready"})
+    ready = document.get("ready")
+    if ready is not None and not isinstance(ready, bool):
+        raise bad_request("ready", f"must be true or false; got {json_type(ready)}")
+    return pb.RepositoryIndexRequest(ready=bool(ready))
+
+
+def repository_index_json(response: pb.RepositoryIndexResponse) -> list[dict[str, str]]:
+    return [{"name": model.name, "version": model.version, "state": model.state,
+             "reason": model.reason} for model in response.models]
+
+
 def model_statistics_json(response: pb.ModelStatisticsResponse) -> dict[str, object]:
     """Triton's REST statistics: the message as JSON, every field written, zeros and empty
     lists included, as Triton does; 64-bit counts as numbers."""

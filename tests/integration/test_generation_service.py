@@ -512,6 +512,20 @@ def test_repository_index_lists_the_served_model(inference) -> None:
         index = inference.RepositoryIndex(pb.RepositoryIndexRequest(ready=ready), timeout=10)
         assert [(model.name, model.version, model.state) for model in index.models] == \
             [(MODEL, "1", "READY")]
+    with pytest.raises(grpc.RpcError) as refused:
+        inference.RepositoryIndex(pb.RepositoryIndexRequest(repository_name="models"), timeout=10)
+    assert refused.value.code() is grpc.StatusCode.UNIMPLEMENTED
+    assert refused.value.details() == "'repository_name' specification is not supported"
+
+
+def test_model_ready_is_false_for_a_model_or_version_not_served(inference) -> None:
+    """As Triton's ModelReady (tritonclient's is_model_ready), not an error."""
+    def ready(name: str, version: str = "") -> bool:
+        return inference.ModelReady(pb.ModelReadyRequest(name=name, version=version),
+                                    timeout=10).ready
+
+    assert ready(MODEL) and ready(MODEL, "1")
+    assert not ready("no-such-model") and not ready(MODEL, "2")
 
 
 def stream_request(request_id: str, prompt: str, **parameters: object) -> pb.ModelInferRequest:
@@ -524,12 +538,14 @@ def stream_request(request_id: str, prompt: str, **parameters: object) -> pb.Mod
 
 
 def test_stream_errors_name_their_request_and_end_it(inference) -> None:
-    """As Triton's: an error response carries its request's id and model and is its final
-    response, whether the request was refused (top_p) or failed while generating (timeout)."""
+    """As Triton's: an error response carries its request's id, model and version and is its
+    final response, whether the request was refused (top_p) or failed while generating
+    (timeout)."""
     requests = [stream_request("refused", COMPLETION_PROMPT, top_p=1.5),
                 stream_request("timed-out", COMPLETION_PROMPT, timeout=300_000,
                                max_new_tokens=500, ignore_eos=True),
                 stream_request("served", COMPLETION_PROMPT, do_sample=False, max_new_tokens=2)]
+    requests[0].model_version = ""  # the served version is named all the same
     responses = list(inference.ModelStreamInfer(iter(requests), timeout=CALL_TIMEOUT_S))
     by_id: dict[str, list[pb.ModelStreamInferResponse]] = {}
     for response in responses:

@@ -166,6 +166,8 @@ def test_tritonclient_http_health_metadata_config(triton) -> None:
     assert config["name"] == MODEL
     assert config["model_transaction_policy"]["decoupled"] is True
     assert not triton.is_model_ready("no-such-model")
+    assert triton.get_model_repository_index() == [
+        {"name": MODEL, "version": "1", "state": "READY", "reason": ""}]
 
 
 def test_tritonclient_http_inference_statistics(triton) -> None:

@@ -59,6 +59,7 @@ def test_health_and_metadata(client) -> None:
     assert client.is_server_live()
     assert client.is_server_ready()
     assert client.is_model_ready(MODEL)
+    assert not client.is_model_ready("no-such-model")  # Triton's answer, not an error
     assert client.get_server_metadata().name == "switchboard"
     metadata = client.get_model_metadata(MODEL)
     assert {t.name: t.datatype for t in metadata.inputs} == {

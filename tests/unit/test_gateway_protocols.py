@@ -160,6 +160,22 @@ def test_split_body_refuses_invalid_json(body: bytes, header_length: str | None)
     assert "not valid JSON" in refused(kserve.split_body, body, header_length)
 
 
+@pytest.mark.parametrize(("body", "ready"), [
+    (b"", False), (b" ", False), (b"{}", False), (b'{"ready": null}', False),
+    (b'{"ready": false}', False), (b'{"ready": true}', True)])
+def test_repository_index_request_is_an_empty_body_or_ready(body: bytes, ready: bool) -> None:
+    assert kserve.repository_index_request(body) == pb.RepositoryIndexRequest(ready=ready)
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    (b'{"ready": "yes"}', "ready: must be true or false; got a string"),
+    (b'{"ready": true, "repository": "x"}', "repository: unknown field"),
+    (b"[]", "the body: must be a JSON object; got an array")])
+def test_repository_index_request_refuses_a_bad_body_naming_the_field(body: bytes,
+                                                                      message: str) -> None:
+    assert refused(kserve.repository_index_request, body) == message
+
+
 BINARY_12 = np.array([1, 2, 3], "<u4").tobytes()
 
 
