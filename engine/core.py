@@ -127,10 +127,11 @@ class EngineCore:
         request = self._requests.get(request_id)
         if request is None:
             return
-        self._append_text(request, request.detokenizer.flush(), check_stops=True)
+        held = request.detokenizer.flush()
+        self._append_text(request, held, check_stops=True)
         request.finish_reason = FinishReason.STOPPED
         self._finish(request, RequestStatus.FINISHED_STOPPED)
-        self._stopped.append(self._output(request, (), None, FinishReason.STOPPED, None))
+        self._stopped.append(self._output(request, (), None, FinishReason.STOPPED, None, held))
         logger.info("request %s stopped on request", request_id)
 
     def step(self) -> list[RequestOutput]:
@@ -310,18 +311,21 @@ class EngineCore:
         request.last_token_time = step_time
         num_generated = len(request.output_token_ids)
         finish: FinishReason | None = None
+        decoded = ""
         if token_id in self._eos_token_ids and not sampling.ignore_eos:
             finish = FinishReason.EOS
         elif token_id in sampling.stop_token_ids:
             finish = FinishReason.STOP
         else:
-            finish = self._append_text(request, request.detokenizer.add(token_id),
+            decoded = request.detokenizer.add(token_id)
+            finish = self._append_text(request, decoded,
                                        check_stops=num_generated > sampling.min_new_tokens)
         if finish is None and num_generated >= sampling.max_new_tokens:
             finish = FinishReason.LENGTH
         if finish is not None and finish is not FinishReason.STOP:
-            finish = self._append_text(request, request.detokenizer.flush(),
-                                       check_stops=True) or finish
+            held = request.detokenizer.flush()
+            decoded += held
+            finish = self._append_text(request, held, check_stops=True) or finish
         if finish is not None:
             request.finish_reason = finish
             self._finish(request, RequestStatus.FINISHED_STOPPED)
@@ -332,11 +336,12 @@ class EngineCore:
             token_latency=token_latency,
             batch_size=batch_size,
         )
-        return self._output(request, (token_id,), logprob, finish, timings)
+        return self._output(request, (token_id,), logprob, finish, timings, decoded)
 
     @staticmethod
     def _output(request: Request, new_token_ids: tuple[int, ...], logprob: TokenLogprob | None,
-                finish: FinishReason | None, timings: RequestTimings | None) -> RequestOutput:
+                finish: FinishReason | None, timings: RequestTimings | None,
+                decoded: str) -> RequestOutput:
         """The event for what a request produced: text is emitted up to the held-back tail
         that could still start a stop string, all of it once finished."""
         sampling = request.spec.sampling
@@ -359,6 +364,7 @@ class EngineCore:
             num_cached_tokens=request.num_cached_tokens,
             timings=timings,
             prompt_logprobs=prompt_logprobs,
+            decoded_text=decoded,
         )
 
     @staticmethod

@@ -72,7 +72,9 @@ class RequestOutput:
     `index` tells the sequences of an n > 1 request apart. `prompt_logprobs`, when asked for,
     comes on the first event with a generated token only: one entry per prompt token, the
     log-probability of the token given those before it, with `logprobs` top alternatives
-    (None for the first).
+    (None for the first). `decoded_text`: the text of the new tokens as the sequence decodes
+    one token after another (TGI's token texts), neither held back for stop strings nor cut at
+    one; "" for a token that ends mid-character, whose bytes come with the next.
     """
 
     request_id: str
@@ -88,6 +90,7 @@ class RequestOutput:
     timings: RequestTimings | None = None
     index: int = 0
     prompt_logprobs: tuple[TokenLogprob | None, ...] = ()
+    decoded_text: str = ""
 
     @property
     def is_last(self) -> bool:

@@ -139,9 +139,9 @@ class SequenceResult:
     index: int
     text: list[str] = field(default_factory=list)
     tokens: list[sb.Token] = field(default_factory=list)
-    # Each token's share of the text, joining into generated_text: a response's text goes
-    # with its first token ("" with the others: a token that ends mid-character has none),
-    # that of a response without tokens with the last token before it.
+    # Each token's text as the sequence decodes one after another (TGI's), not held back for
+    # stop strings nor cut at one: a response's decoded text goes with its first token, that
+    # of a response without tokens with the last token before it.
     token_texts: list[str] = field(default_factory=list)
     finish_reason: str = ""
     generated_tokens: int = 0
@@ -153,6 +153,12 @@ class SequenceResult:
         return "".join(self.text)
 
     @property
+    def decoded_text(self) -> str:
+        """The generated tokens' whole text (TGI's generated_text): what generated_text is
+        before a stop string cuts it."""
+        return "".join(self.token_texts)
+
+    @property
     def cumulative_logprob(self) -> float:
         return sum(token.logprob for token in self.tokens)
 
@@ -160,9 +166,9 @@ class SequenceResult:
         self.text.append(response.text)
         self.tokens.extend(response.tokens)
         if response.tokens:
-            self.token_texts.extend([response.text] + [""] * (len(response.tokens) - 1))
+            self.token_texts.extend([response.decoded_text] + [""] * (len(response.tokens) - 1))
         elif self.token_texts:
-            self.token_texts[-1] += response.text
+            self.token_texts[-1] += response.decoded_text
         self.finish_reason = response.finish_reason
         self.generated_tokens = response.generated_tokens
         self.seed = response.seed

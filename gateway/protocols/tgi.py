@@ -145,8 +145,9 @@ def generate_request_to_pb(document: object, stream: bool | None
                           "when `best_of` > 1)")
     values = renamed({name: parameters.get(name) for name in GENERATION_PARAMETERS}, NAMES)
     # best_of travels as n: every sequence comes back, and the best is chosen here. TGI's
-    # generated text keeps the stop sequence that ended it.
-    values.update(logprobs=True, include_stop_str_in_output=True)
+    # texts are the tokens' decoded texts (the responses' decoded_text), which a stop sequence
+    # does not cut.
+    values.update(logprobs=True)
     names = add_output_format("grammar", parameters.get("grammar"), values, NAMES)
     request, deadline_s = generate_request("", inputs, values, names=names)
     return request, dataclasses.replace(options, deadline_s=deadline_s, names=names)
@@ -163,15 +164,16 @@ def _count(parameters: Mapping[str, object], name: str, default: int) -> int:
 
 
 def token_json(token: sb.Token, text: str | None = None) -> dict[str, object]:
-    """A token; `text`: a generated token's share of the text (None: the token's own)."""
+    """A token; `text`: a generated token's text as its sequence decodes (None: the token's
+    own, decoded alone)."""
     return {"id": token.id, "text": token.text if text is None else _share(token, text),
             "logprob": token.logprob if token.HasField("logprob") else None,
             "special": token.special}
 
 
 def _share(token: sb.Token, text: str) -> str:
-    """A generated token's text from its share of the text: a special token's own text follows
-    it (the server's text leaves special tokens out; TGI's token texts keep them)."""
+    """A generated token's text from its decoded text: a special token's own text follows it
+    (the server's decoded text leaves special tokens out; TGI's token texts keep them)."""
     return text + token.text if token.special else text
 
 
@@ -215,7 +217,7 @@ def _seed(sequence: SequenceResult) -> int | None:
 
 def _text(sequence: SequenceResult, options: TgiOptions) -> str:
     prefix = options.inputs if options.return_full_text else ""
-    return prefix + sequence.generated_text
+    return prefix + sequence.decoded_text
 
 
 def stream_event(response: sb.GenerateResponse, generation: Generation, options: TgiOptions
@@ -224,7 +226,8 @@ def stream_event(response: sb.GenerateResponse, generation: Generation, options:
     sequence = generation.sequences[response.index]
     event: dict[str, object] = {
         "index": len(sequence.tokens),  # TGI counts a stream's events from 1
-        "token": token_json(response.tokens[0], response.text) if response.tokens else None,
+        "token": token_json(response.tokens[0], response.decoded_text) if response.tokens
+        else None,
         "generated_text": None,
         "details": None,
     }

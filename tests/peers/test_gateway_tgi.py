@@ -132,6 +132,21 @@ def test_a_stop_sequence_stays_in_the_generated_text(tgi) -> None:
     assert "".join(token.text for token in reply.details.tokens) == reply.generated_text
 
 
+def test_a_stop_sequence_cuts_no_token_and_shifts_no_token_text(tgi, greedy_details) -> None:
+    """As TGI: the token that completes a stop sequence stays whole, and token texts are the
+    tokens' own whether or not a stop sequence could still match (streamed or not)."""
+    inside = tgi.text_generation(PROMPT, max_new_tokens=4, details=True, stop=["ari"])
+    assert (inside.generated_text, inside.details.finish_reason) == (" Paris", "stop_sequence")
+    assert [(token.id, token.text) for token in inside.details.tokens] == [(PARIS, " Paris")]
+    expected = [(token.id, token.text) for token in greedy_details.details.tokens]
+    never = ["no such sequence"]
+    events = list(tgi.text_generation(PROMPT, max_new_tokens=6, details=True, stream=True,
+                                      stop=never))
+    assert [(event.token.id, event.token.text) for event in events] == expected
+    reply = tgi.text_generation(PROMPT, max_new_tokens=6, details=True, stop=never)
+    assert [(token.id, token.text) for token in reply.details.tokens] == expected
+
+
 
 CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
                                         "is_capital": {"type": "boolean"}},

@@ -58,6 +58,8 @@ def test_stop_string_ends_the_request_and_is_not_emitted(script: str, stop: tupl
     assert "".join(texts(outputs)) == expected_text
     assert len(outputs) == events
     assert outputs[-1].finish_reason is FinishReason.STOP
+    # Each event's decoded text is its token's, neither held back nor cut (TGI's token texts).
+    assert [output.decoded_text for output in outputs] == list(script[:events])
     assert [output.finish_reason for output in outputs[:-1]] == [None] * (events - 1)
 
 

@@ -44,9 +44,11 @@ def token(token_id: int, text: str, logprob: float | None = None, *, special: bo
 def response(index: int = 0, text: str = "", tokens: list[sb.Token] | None = None, *,
              finish: str = "", prompt_tokens: int = 3, generated: int = 1, seed: int = 0,
              cached: int = 0, prompt: list[sb.Token] | None = None,
-             sampled: bool | None = None) -> sb.GenerateResponse:
-    """A response; its sequence is sampled when it has a seed, unless `sampled` says."""
+             sampled: bool | None = None, decoded: str | None = None) -> sb.GenerateResponse:
+    """A response; its sequence is sampled when it has a seed, unless `sampled` says. Its
+    decoded text is its text unless `decoded` says (they differ only with stop strings)."""
     return sb.GenerateResponse(index=index, text=text, tokens=tokens or [], finish_reason=finish,
+                               decoded_text=text if decoded is None else decoded,
                                prompt_tokens=prompt_tokens, generated_tokens=generated, seed=seed,
                                cached_tokens=cached, prompt=prompt or [],
                                sampled=bool(seed) if sampled is None else sampled)
@@ -282,7 +284,7 @@ def test_tgi_request_translates_parameters() -> None:
         "max_new_tokens": 20, "temperature": 0.7, "top_k": 40, "top_p": 0.9, "seed": 3,
         "stop": '["\\n"]', "repetition_penalty": 1.1, "do_sample": True,
         "prompt_logprobs": True, "top_logprobs": 2, "logprobs": True, "truncate": 100,
-        "include_stop_str_in_output": True, "watermark": False, "typical_p": 0.95, "frequency_penalty": 0.1}
+        "watermark": False, "typical_p": 0.95, "frequency_penalty": 0.1}
     assert options.details and options.prompt_details and options.return_full_text
     assert (options.top_n_tokens, options.best_of, options.inputs, options.stream) == \
         (2, 1, "Hello", False)
@@ -291,14 +293,13 @@ def test_tgi_request_translates_parameters() -> None:
 
 def test_tgi_request_without_parameters_samples() -> None:
     request, options = tgi_request(None)
-    assert params(request) == {"do_sample": True, "logprobs": True,
-                               "include_stop_str_in_output": True}
+    assert params(request) == {"do_sample": True, "logprobs": True}
     assert not options.details and not options.return_full_text and options.top_n_tokens == 0
 
 
 def test_tgi_request_with_empty_parameters_leaves_sampling_to_the_server() -> None:
     request, _ = tgi_request({})
-    assert params(request) == {"logprobs": True, "include_stop_str_in_output": True}
+    assert params(request) == {"logprobs": True}
 
 
 def test_tgi_best_of_asks_for_every_sequence() -> None:
@@ -546,6 +547,32 @@ def test_tgi_reply_token_texts_join_into_the_generated_text_across_a_split_chara
     assert details["top_tokens"] == [[]] * 5
     assert tgi.reply(generation_of(other), options)["details"]["top_tokens"] == \
         [[{"id": 12, "text": "\ufffd", "logprob": -0.5, "special": False}]]
+
+
+def stopped_by_ari() -> list[sb.GenerateResponse]:
+    """" The Paris" with stop ["ari"]: the server's text holds back 2 characters that could
+    start "ari", and ends where "ari" does (before it by default); the decoded texts are the
+    tokens' own."""
+    return [response(0, " T", [token(3, " The", -0.1)], decoded=" The"),
+            response(0, "he P", [token(7042, " Paris", -0.2)], decoded=" Paris", generated=2,
+                     finish="stop_sequence")]
+
+
+def test_tgi_token_texts_and_generated_text_are_not_held_back_or_cut_by_a_stop_sequence() -> None:
+    """TGI's token texts are the tokens' decoded texts, and its generated text all of them:
+    a stop sequence ends generation without cutting the token that completes it."""
+    _, options = tgi_request({"details": True, "stop": ["ari"]}, route_stream=True)
+    generation = Generation()
+    events = []
+    for item in stopped_by_ari():
+        generation.add(item)
+        events.append(tgi.stream_event(item, generation, options))
+    assert [event["token"]["text"] for event in events] == [" The", " Paris"]
+    assert events[-1]["generated_text"] == " The Paris"
+    _, options = tgi_request({"details": True, "stop": ["ari"]})
+    reply = tgi.reply(generation_of(*stopped_by_ari()), options)
+    assert [t["text"] for t in reply["details"]["tokens"]] == [" The", " Paris"]
+    assert reply["generated_text"] == " The Paris"
 
 
 def test_tgi_reply_text_of_a_response_without_tokens_joins_the_last_tokens() -> None:

@@ -343,8 +343,7 @@ def test_tgi_parameters_round_trip(inputs: str, temperature: float, max_new_toke
     assert request.text == inputs
     assert decoded(request) == {"temperature": temperature, "max_new_tokens": max_new_tokens,
                                 **seeded, "stop": _as_list(stop), "n": best_of,
-                                "top_logprobs": top_n_tokens, "logprobs": True,
-                                "include_stop_str_in_output": True}
+                                "top_logprobs": top_n_tokens, "logprobs": True}
     assert (options.best_of, options.top_n_tokens, options.details,
             options.return_full_text, options.inputs) == (best_of, top_n_tokens, details,
                                                           return_full_text, inputs)
