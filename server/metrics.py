@@ -26,6 +26,7 @@ from engine.errors import EngineError
 from engine.request import RequestOutput
 from server.errors import status_for
 from server.model_info import MODEL_VERSION
+from server.triton_vllm import FINISH_REASONS as VLLM_FINISH_REASONS
 
 OWN_PREFIX = "switchboard_"
 # Our base name → vLLM's names for the same measure.
@@ -154,7 +155,8 @@ class ServerMetrics:
         self.prefix_cache_hits = counter(
             "prefix_cache_hits", "Prompt tokens whose KV cache was reused from the prefix cache")
         self._success = prometheus_client.Counter(
-            "request_success", "Requests that ended, by finish reason ('abort': the client left)",
+            "request_success", "Requests that ended, by vLLM's finish reason (stop, length, "
+            "or abort: stopped, or the client left)",
             ("model_name", "finished_reason"), registry=self._measures)
         self._failure = prometheus_client.Counter(
             "request_failure", "Requests that failed, by gRPC status",
@@ -250,7 +252,7 @@ class RequestRecorder:
             self.num_cached_tokens = max(self.num_cached_tokens, event.num_cached_tokens)
             self.num_generated_tokens += event.num_generated_tokens
             self.longest_sequence = max(self.longest_sequence, event.num_generated_tokens)
-            self.finish_reason = self.finish_reason or event.finish_reason.value
+            self.finish_reason = self.finish_reason or VLLM_FINISH_REASONS[event.finish_reason]
 
     def finished(self) -> None:
         self._ended = True
