@@ -9,6 +9,7 @@ and MindIE's native routes ask for with `seed_range=MINDIE_SEED_RANGE`.
 
 from __future__ import annotations
 
+import json
 import math
 import secrets
 from collections.abc import Mapping, Sequence
@@ -201,15 +202,15 @@ def _output_pattern(parameters: Mapping[str, object]) -> OutputPattern | None:
     name, value = given[0], parameters[given[0]]
     if name == "guided_json":
         if not isinstance(value, Mapping | str):
-            raise InvalidRequest(name, f"must be a JSON schema; got {value!r}")
+            raise InvalidRequest(name, f"must be a JSON schema; got {_json(value)}")
         return json_schema_pattern(name, value)
     if name == "guided_regex":
         if not isinstance(value, str) or not value:
-            raise InvalidRequest(name, f"must be a non-empty regular expression; got {value!r}")
+            raise InvalidRequest(name, f"must be a non-empty regular expression; got {_json(value)}")
         return OutputPattern(name, value)
     if not isinstance(value, list | tuple) or not value or not all(
             isinstance(choice, str) and choice for choice in value):
-        raise InvalidRequest(name, f"must be a non-empty list of non-empty strings; got {value!r}")
+        raise InvalidRequest(name, f"must be a non-empty list of non-empty strings; got {_json(value)}")
     return choice_pattern(name, value)
 
 
@@ -221,14 +222,14 @@ def _logit_bias(parameters: Mapping[str, object], limits: EngineLimits
         return ()
     if not isinstance(value, Mapping):
         raise InvalidRequest("logit_bias", f"must be an object mapping token ids to biases in "
-                             f"{LOGIT_BIAS_RANGE}; got {value!r}")
+                             f"{LOGIT_BIAS_RANGE}; got {_json(value)}")
     biases: list[tuple[int, float]] = []
     for key, bias in value.items():
         token_id = _token_id_key(key)
         if isinstance(bias, bool) or not isinstance(bias, int | float) \
                 or bias not in LOGIT_BIAS_RANGE:
             raise InvalidRequest("logit_bias", f"the bias of token {token_id} must be a number "
-                                 f"in {LOGIT_BIAS_RANGE}; got {bias!r}")
+                                 f"in {LOGIT_BIAS_RANGE}; got {_json(bias)}")
         biases.append((token_id, float(bias)))
     check_vocabulary("logit_bias", [token_id for token_id, _ in biases], limits)
     return tuple(biases)
@@ -239,7 +240,7 @@ def _token_id_key(key: object) -> int:
         return key
     if isinstance(key, str) and key.isascii() and key.isdecimal():
         return int(key)
-    raise InvalidRequest("logit_bias", f"keys must be token ids; got {key!r}")
+    raise InvalidRequest("logit_bias", f"keys must be token ids; got {_json(key)}")
 
 
 def _validate_prompt(token_ids: Sequence[int], limits: EngineLimits) -> tuple[int, ...]:
@@ -265,9 +266,9 @@ def _float(parameters: Mapping[str, object], name: str, interval: Interval) -> f
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
-        raise InvalidRequest(name, f"must be a number in {interval}; got {value!r}")
+        raise InvalidRequest(name, f"must be a number in {interval}; got {_json(value)}")
     if value not in interval:
-        raise InvalidRequest(name, f"must be in {interval}; got {value!r}")
+        raise InvalidRequest(name, f"must be in {interval}; got {_json(value)}")
     return float(value)
 
 
@@ -276,9 +277,9 @@ def _int(parameters: Mapping[str, object], name: str, interval: Interval) -> int
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidRequest(name, f"must be an integer in {interval}; got {value!r}")
+        raise InvalidRequest(name, f"must be an integer in {interval}; got {_json(value)}")
     if value not in interval:
-        raise InvalidRequest(name, f"must be in {interval}; got {value!r}")
+        raise InvalidRequest(name, f"must be in {interval}; got {_json(value)}")
     return value
 
 
@@ -286,7 +287,7 @@ def _bool(parameters: Mapping[str, object], name: str) -> bool | None:
     value = parameters.get(name)
     if value is None or isinstance(value, bool):
         return value
-    raise InvalidRequest(name, f"must be true or false; got {value!r}")
+    raise InvalidRequest(name, f"must be true or false; got {_json(value)}")
 
 
 def _stop_sequences(parameters: Mapping[str, object]) -> tuple[str, ...]:
@@ -300,3 +301,11 @@ def _stop_sequences(parameters: Mapping[str, object]) -> tuple[str, ...]:
         raise InvalidRequest("stop", f"supports up to {MAX_STOP_SEQUENCES} stop sequences; "
                              f"got {len(stops)}")
     return tuple(stops)
+
+
+def _json(value: object) -> str:
+    """A value as the request's JSON writes it (true, "x"), in error messages."""
+    try:
+        return json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):
+        return repr(value)
