@@ -92,14 +92,12 @@ def sampling_object(text: str) -> dict[str, object]:
 
 def engine_parameters(values: Mapping[str, object]) -> dict[str, object]:
     """vLLM's sampling parameters under the engine's names, with vLLM's defaults and its
-    seed (see vllm_sampling.seed_as_uint64); strings of numbers and booleans become them.
-    Null values are left out, as the backend does."""
+    readings (see vllm_sampling.apply_vllm_defaults); strings of numbers and booleans become
+    them. Null values are left out, as the backend does."""
     result = {vllm_sampling.NAMES.get(name, name): _typed(name, value)
               for name, value in values.items() if value is not None}
-    if isinstance(result.get("seed"), int) and not isinstance(result["seed"], bool):
-        seed = vllm_sampling.seed_as_uint64(result.pop("seed"))
-        if seed is not None:
-            result["seed"] = seed
+    if refused := vllm_sampling.refusal(result):
+        raise InvalidRequest(*refused)
     # Without effect here: special tokens never appear in text_output.
     if not isinstance(result.pop("spaces_between_special_tokens", True), bool):
         raise InvalidRequest("spaces_between_special_tokens", "must be true or false")

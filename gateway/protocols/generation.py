@@ -10,9 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from gateway.errors import RequestError, bad_request
-from gateway.protocols.parameters import INT64_MAX, UINT32_MAX, set_parameters
+from gateway.protocols.parameters import UINT32_MAX, set_parameters
 from proto import switchboard_pb2 as sb
-from proto import vllm_sampling
 
 # The server's name for the prompt, whatever a protocol calls it.
 PROMPT = "prompt"
@@ -46,18 +45,6 @@ def generate_request(model: str, prompt: str | list[int] | sb.ChatMessages,
             raise
         field, message = field_in_protocol(error.message, names)
         raise RequestError(error.status, message, field or error.field) from None
-
-
-def int64_seed(seed: object) -> object:
-    """vLLM's and OpenAI's seed (an int64) as the server's (a uint64, see
-    vllm_sampling.seed_as_uint64); one beyond the int64s is refused. What is no integer goes
-    on as it is, for the server to refuse."""
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        return seed
-    if seed not in vllm_sampling.INT64:
-        raise bad_request("seed", f"must be an integer in [{-INT64_MAX - 1}, {INT64_MAX}] (-1: "
-                          f"random); got {seed}")
-    return vllm_sampling.seed_as_uint64(seed)
 
 
 def add_output_format(field: str, value: object, values: dict[str, object],

@@ -29,7 +29,7 @@ import grpc
 
 from gateway.errors import bad_request
 from gateway.protocols.generation import (Generation, add_output_format, generate_request,
-                                          int64_seed, json_text, optional_bool, renamed)
+                                          json_text, optional_bool, renamed)
 from gateway.protocols.kserve import optional_string, refuse_unknown, require_object
 from gateway.protocols.parameters import json_type
 from proto import switchboard_pb2 as sb
@@ -186,23 +186,14 @@ def requested_model(document: Mapping[str, object]) -> str:
 
 def sampling_values(document: Mapping[str, object]) -> dict[str, object]:
     values = renamed({name: document.get(name) for name in SAMPLING_FIELDS}, NAMES)
-    if "seed" in values:
-        values["seed"] = int64_seed(values["seed"])
+    if refused := vllm_sampling.refusal(values):
+        raise bad_request(*refused)
     if document.get("logit_bias") is not None:
         # An object, which a parameter carries as JSON text (the server checks its entries).
         values["logit_bias"] = json.dumps(require_object(document["logit_bias"], "logit_bias"))
     if "guided_json" in values:
         values["guided_json"] = json_text(values["guided_json"])  # likewise
-    temperature = values.get("temperature")
-    if temperature == 0:
-        del values["temperature"]
-        values["do_sample"] = False
-    elif temperature is None:
-        values["do_sample"] = True
-    elif isinstance(temperature, int | float) and not isinstance(temperature, bool) \
-            and temperature < 0:
-        # The server's range is MindIE's (0, inf): here 0 is allowed too, meaning greedy.
-        raise bad_request("temperature", f"must be in [0, inf) (0: greedy); got {temperature}")
+    vllm_sampling.apply_vllm_defaults(values, max_new_tokens=None)
     return values
 
 

@@ -20,7 +20,7 @@ import json
 import grpc
 
 from gateway.errors import bad_request
-from gateway.protocols.generation import (Generation, generate_request, int64_seed,
+from gateway.protocols.generation import (Generation, generate_request,
                                           optional_bool, renamed)
 from gateway.protocols.kserve import (optional_string, refuse_unknown, require_object,
                                       required_string)
@@ -51,8 +51,8 @@ def generate_request_to_pb(document: object) -> tuple[sb.GenerateRequest, str, b
     prompt = required_string(document, "prompt")
     refuse_unknown(document, SAMPLING_FIELDS | {"prompt", "stream"}, "sampling parameter")
     values = renamed({name: document.get(name) for name in SAMPLING_FIELDS}, NAMES)
-    if "seed" in values:
-        values["seed"] = int64_seed(values["seed"])
+    if refused := vllm_sampling.refusal(values):
+        raise bad_request(*refused)
     vllm_sampling.apply_vllm_defaults(values)
     request, deadline_s = generate_request("", prompt, values, names=NAMES)
     return request, prompt, optional_bool(document, "stream"), deadline_s

@@ -187,13 +187,35 @@ def test_openai_and_vllm_seed_minus_1_is_random_as_vllms() -> None:
     assert "seed" not in params(request)
 
 
-@pytest.mark.parametrize("seed", [INT64_MAX + 1, UINT64_MAX, INT64_MIN - 1])
-def test_openai_and_vllm_seeds_outside_int64_are_refused_naming_seed(seed: int) -> None:
+@pytest.mark.parametrize(("seed", "shown"), [
+    (INT64_MAX + 1, str(INT64_MAX + 1)), (UINT64_MAX, str(UINT64_MAX)),
+    (INT64_MIN - 1, str(INT64_MIN - 1)), ("7", '"7"'), (1.5, "1.5"), (True, "true")])
+def test_openai_and_vllm_seeds_other_than_int64s_are_refused_naming_seed(seed: object,
+                                                                         shown: str) -> None:
+    """With vLLM's range, shown as JSON, not the engine's uint64 range."""
     for error in (refused(chat, seed=seed), refused(completion, seed=seed),
                   refused(vllm.generate_request_to_pb, {"prompt": "Hi", "seed": seed})):
         assert error.field == "seed"
         assert error.message == (f"seed: must be an integer in [{INT64_MIN}, {INT64_MAX}] "
-                                 f"(-1: random); got {seed}")
+                                 f"(-1: random); got {shown}")
+
+
+@pytest.mark.parametrize(("temperature", "shown"), [
+    (-1, "-1"), (-0.5, "-0.5"), ("0.5", '"0.5"'), (False, "false"), ([1], "[1]")])
+def test_openai_and_vllm_temperatures_are_refused_with_vllms_range(temperature: object,
+                                                                   shown: str) -> None:
+    """[0, inf), 0 being greedy: not the engine's (0, inf), which these routes do not take."""
+    for error in (refused(chat, temperature=temperature),
+                  refused(completion, temperature=temperature),
+                  refused(vllm.generate_request_to_pb,
+                          {"prompt": "Hi", "temperature": temperature})):
+        assert error.field == "temperature"
+        assert error.message == ("temperature: must be a number in [0, inf) (0: greedy); "
+                                 f"got {shown}")
+
+
+def test_openai_top_k_minus_1_is_no_cut_as_vllms() -> None:
+    assert chat_params(top_k=-1)["top_k"] == 0
 
 
 @pytest.mark.parametrize("stop", ["END", "[1, 2]"], ids=["plain", "looks-like-json"])
@@ -636,10 +658,10 @@ def test_chat_request_translates_messages_and_parameters() -> None:
     assert request.model_name == "smollm2"
     assert [(m.role, m.content) for m in request.messages.messages] == \
         [("system", "Be brief."), ("user", "Hi\nthere"), ("assistant", "")]
-    assert params(request) == {"temperature": 0.5, "top_p": 0.9, "n": 2, "stop": '["\\n"]',
-                               "seed": 1, "max_new_tokens": 30, "logprobs": True,
-                               "top_logprobs": 3, "min_new_tokens": 2, "presence_penalty": 0.5,
-                               "min_p": 0.05}
+    assert params(request) == {"temperature": 0.5, "do_sample": True, "top_p": 0.9, "n": 2,
+                               "stop": '["\\n"]', "seed": 1, "max_new_tokens": 30,
+                               "logprobs": True, "top_logprobs": 3, "min_new_tokens": 2,
+                               "presence_penalty": 0.5, "min_p": 0.05}
     assert (options.kind, options.model, options.n, options.logprobs, options.stream,
             options.echo) == ("chat.completion", "smollm2", 2, True, False, False)
     assert options.response_id.startswith("chatcmpl-")
@@ -874,7 +896,8 @@ def test_completion_refusals_name_the_field(fields, field) -> None:
 def test_completion_logprobs_count_asks_for_logprobs_and_alternatives() -> None:
     calls, options = completion(logprobs=2, max_tokens=4, best_of=3, n=2, temperature=0.8)
     assert params(calls[0].request) == {"max_new_tokens": 4, "logprobs": True, "top_logprobs": 2,
-                                        "best_of": 3, "n": 2, "temperature": 0.8}
+                                        "best_of": 3, "n": 2, "temperature": 0.8,
+                                        "do_sample": True}
     assert options.logprobs and options.n == 2
 
 

@@ -126,6 +126,10 @@ def test_exclude_input_in_output_and_the_extra_outputs_asked_for() -> None:
      "must be an object"),
     (vllm_request(sampling={"spaces_between_special_tokens": 1}),
      "spaces_between_special_tokens", "must be true or false"),
+    (vllm_request(sampling={"temperature": "-0.5"}), "temperature",
+     "must be a number in [0, inf) (0: greedy); got -0.5"),
+    (vllm_request(sampling={"seed": 2**63}), "seed",
+     f"must be an integer in [{-2**63}, {2**63 - 1}] (-1: random); got {2**63}"),
 ])
 def test_invalid_vllm_requests_name_the_field(request_: pb.ModelInferRequest, field: str,
                                               reason: str) -> None:
