@@ -206,11 +206,13 @@ def _output_pattern(parameters: Mapping[str, object]) -> OutputPattern | None:
         return json_schema_pattern(name, value)
     if name == "guided_regex":
         if not isinstance(value, str) or not value:
-            raise InvalidRequest(name, f"must be a non-empty regular expression; got {_json(value)}")
+            raise InvalidRequest(name, "must be a non-empty regular expression; got "
+                                 f"{_json(value)}")
         return OutputPattern(name, value)
     if not isinstance(value, list | tuple) or not value or not all(
             isinstance(choice, str) and choice for choice in value):
-        raise InvalidRequest(name, f"must be a non-empty list of non-empty strings; got {_json(value)}")
+        raise InvalidRequest(name, "must be a non-empty list of non-empty strings; got "
+                             f"{_json(value)}")
     return choice_pattern(name, value)
 
 

@@ -43,9 +43,12 @@ def infer_request_to_pb(document: object, tokens: bool
     document = require_object(document, "the body")
     if tokens:
         prompt = document.get("input_id")
-        if not isinstance(prompt, list) or not all(
-                isinstance(i, int) and not isinstance(i, bool) for i in prompt):
+        if not isinstance(prompt, list):
             raise bad_request("input_id", f"must be an array of token ids; got {json_type(prompt)}")
+        for position, token_id in enumerate(prompt):
+            if isinstance(token_id, bool) or not isinstance(token_id, int):
+                raise bad_request("input_id", f"must be an array of token ids; got "
+                                  f"{json_type(token_id)} at position {position}")
     else:
         prompt = required_string(document, "inputs")
     parameters = dict(require_object(document.get("parameters") or {}, "parameters"))

@@ -52,6 +52,17 @@ def test_bad_requests_are_refused_naming_the_field(body: dict, tokens: bool, fie
     assert caught.value.field == field
 
 
+@pytest.mark.parametrize(("ids", "message"), [
+    ("5 6", "input_id: must be an array of token ids; got a string"),
+    ([[504, 3575]], "input_id: must be an array of token ids; got an array at position 0"),
+    ([5, True], "input_id: must be an array of token ids; got a boolean at position 1")])
+def test_token_ids_that_are_not_an_array_of_integers_are_refused_saying_where(
+        ids: object, message: str) -> None:
+    with pytest.raises(RequestError) as caught:
+        mindie.infer_request_to_pb({"input_id": ids}, tokens=True)
+    assert caught.value.message == message
+
+
 @pytest.mark.parametrize("skip", [True, False])
 def test_skip_special_tokens_is_sent_on(skip: bool) -> None:
     request, *_ = mindie.infer_request_to_pb(
