@@ -268,10 +268,11 @@ def _key_password(args: argparse.Namespace) -> bytes | None:
 
 def _run(args: argparse.Namespace) -> int:
     """The server and the gateway as child processes. SIGINT or SIGTERM is passed on to both:
-    they finish the requests in flight and exit; a second signal stops them at once. When one
-    exits by itself (/stopService to the gateway, which stops both, or StopService to the
-    server alone), the other, unless it exits too within PARTNER_EXIT_GRACE_S, is stopped as
-    by SIGTERM; `run` exits 0 if both did."""
+    they finish the requests in flight and exit; a second signal stops them at once. SIGHUP is
+    passed on too (both read their TLS files again). When the server exits by itself
+    (StopService), the gateway, which cannot serve without it, is stopped as by SIGTERM at
+    once; when the gateway does (/stopService, which stops both), the server is, unless it
+    exits too within PARTNER_EXIT_GRACE_S. `run` exits 0 if both exit 0."""
     shared = [*(["--config", str(args.config)] if args.config else []),
               *(["--tls-dir", str(args.tls_dir)] if args.tls_dir else []),
               *(["--tls-crl", str(args.tls_crl)] if args.tls_crl else []),
@@ -292,8 +293,13 @@ def _run(args: argparse.Namespace) -> int:
             child.terminate()
         done.set()
 
+    def on_hangup(_signum: int, _frame: object) -> None:
+        for child in children:
+            child.reload_tls()
+
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, on_signal)
+    signal.signal(signal.SIGHUP, on_hangup)
     try:
         server = ServerProcess(*shared, *server_flags, echo=True, free_port=False,
                                on_exit=done.set)
@@ -307,6 +313,8 @@ def _run(args: argparse.Namespace) -> int:
         if signalled.is_set():
             statuses = [child.stop(timeout_s=None) for child in children]
             return 0 if statuses == [0] * len(children) else 1
+        if server.process.poll() is not None:
+            gateway.terminate()
         statuses = [child.wait_exit(PARTNER_EXIT_GRACE_S) for child in children]
         statuses = [child.stop() if status is None else status
                     for child, status in zip(children, statuses)]

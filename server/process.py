@@ -62,6 +62,11 @@ class ChildProcess:
             self.process.send_signal(signal.SIGTERM)
             self._terminated = True
 
+    def reload_tls(self) -> None:
+        """SIGHUP: the process reads its TLS files again (certificate rotation)."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGHUP)
+
     def stop(self, timeout_s: float | None = STOP_TIMEOUT_S) -> int:
         """SIGTERM unless sent already, then SIGKILL if it outlives `timeout_s` (None: wait as
         long as it takes); returns the exit status."""

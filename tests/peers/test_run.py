@@ -92,6 +92,28 @@ def test_run_passes_the_servers_flags_on(pki, client_files, tmp_path) -> None:
         assert_all_exited(run, child_pids)
 
 
+def test_a_sighup_to_run_reloads_both_childrens_tls_files_and_run_serves_on(pki, client_files,
+                                                                           tmp_path) -> None:
+    """Certificate rotation as the README says it: SIGHUP to the pid `make run` shows. It
+    used to end `run` alone (the default action), orphaning the two children."""
+    with switchboard_run(pki, tmp_path) as (run, ready, child_pids):
+        run.send_signal(signal.SIGHUP)
+        reloaded = []
+        for line in run.stdout:
+            if "TLS files reloaded" in line:
+                reloaded.append(line)
+                if len(reloaded) == 2:
+                    break
+        assert {"server" if "server.credentials" in line else "gateway" for line in reloaded} \
+            == {"server", "gateway"}, reloaded
+        reply = curl_with(client_files, f"{ready['business']}/v2/models/{MODEL}/generate",
+                          body={"text_input": "The capital of France is",
+                                "parameters": {"max_new_tokens": 1, "do_sample": False}})
+        assert reply.status == 200 and run.poll() is None, reply.body
+        run.send_signal(signal.SIGINT)
+        assert_all_exited(run, child_pids)
+
+
 def test_stop_service_ends_run_with_status_0(pki, client_files, tmp_path) -> None:
     with switchboard_run(pki, tmp_path) as (run, ready, child_pids):
         reply = curl_with(client_files, f"{ready['management']}/stopService")
