@@ -95,10 +95,14 @@ def load_model(config: EngineConfig) -> LoadedModel:
     folder = hf_folder(source, config.cache_dir)
     logger.info("loading %s on %s as %s (quantization: %s)", source, device, dtype,
                 config.quantization)
-    tokenizer = AutoTokenizer.from_pretrained(folder)
     # On an accelerator the weights load straight into its memory, never all in host memory.
     placement = {} if device.type == "cpu" else {"device_map": device}
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **placement).to(device).eval()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **placement)
+    except (OSError, ValueError) as error:  # what transformers raises for a folder it cannot use
+        raise ModelLoadError(f"{source} cannot be loaded as a model: {error}") from error
+    model = model.to(device).eval()
     return LoadedModel(
         model=model,
         tokenizer=tokenizer,
@@ -115,6 +119,9 @@ def load_model(config: EngineConfig) -> LoadedModel:
 def hf_folder(source: Path, cache_dir: Path | None) -> Path:
     """A Hugging Face folder for `source`: itself, or a GGUF file's cached conversion."""
     if source.is_dir():
+        if not (source / "config.json").exists():
+            raise ModelLoadError(f"{source} is not a Hugging Face model folder: it has no "
+                                 "config.json")
         return source
     if source.suffix != ".gguf":
         raise ModelLoadError(f"{source} is neither a Hugging Face folder nor a .gguf file")

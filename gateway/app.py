@@ -105,6 +105,10 @@ def make_app(planes: list[Plane], services: Services) -> tornado.web.Application
         log_function=services.metrics.record, plane="+".join(plane.value for plane in planes))
 
 
+class ListenError(OSError):
+    """A plane cannot listen where its configuration says."""
+
+
 class Gateway:
     """The planes' HTTP(S) servers, the upstream channel, and the graceful stop."""
 
@@ -132,7 +136,12 @@ class Gateway:
                 body_timeout=self.config.client_timeout_s,
                 max_connections=CONNECTIONS_PER_LINK * self.config.max_connections,
                 refusal_timeout_s=self.config.client_timeout_s)
-            sockets = tornado.netutil.bind_sockets(plane_config.port, plane_config.host)
+            try:
+                sockets = tornado.netutil.bind_sockets(plane_config.port, plane_config.host)
+            except OSError as error:
+                names = " and ".join(plane.value for plane in planes)
+                raise ListenError(f"the {names} plane cannot listen on {plane_config.host}:"
+                                  f"{plane_config.port}: {error.strerror}") from None
             server.add_sockets(sockets)
             self._servers.append((server, plane_config))
             port = sockets[0].getsockname()[1]

@@ -47,6 +47,10 @@ def package_version() -> str:
         return "0+unknown"
 
 
+class ListenError(RuntimeError):
+    """The gRPC server cannot listen where its configuration says."""
+
+
 class Server:
     """The gRPC server and its engine. Starts listening before the model is loaded, so health
     checks answer NOT_SERVING (and ServerReady false) while it loads."""
@@ -81,13 +85,17 @@ class Server:
         for service in ("", *SERVICES):
             await self._health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
         address = f"{self._config.grpc_host}:{self._config.grpc_port}"
-        if self._config.is_insecure:
-            logger.warning("serving gRPC WITHOUT TLS on %s (--insecure): anyone who can reach the "
-                           "port can use the model", address)
-            self.port = self._grpc.add_insecure_port(address)
-        else:
-            self.port = self._grpc.add_secure_port(address,
-                                                   self._credentials.server_credentials())
+        try:
+            if self._config.is_insecure:
+                logger.warning("serving gRPC WITHOUT TLS on %s (--insecure): anyone who can "
+                               "reach the port can use the model", address)
+                self.port = self._grpc.add_insecure_port(address)
+            else:
+                self.port = self._grpc.add_secure_port(address,
+                                                       self._credentials.server_credentials())
+        except RuntimeError as error:  # grpc's "Failed to bind to address"
+            raise ListenError(f"gRPC cannot listen on {address} (grpcIpAddress, grpcPort): "
+                              f"{error}") from None
         await self._grpc.start()
         logger.info("gRPC listening on %s:%d; loading the model", self._config.grpc_host, self.port)
 
@@ -158,19 +166,21 @@ async def serve(engine_config: EngineConfig, config: ServerConfig) -> None:
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, on_signal)
     loop.add_signal_handler(signal.SIGHUP, server.reload_tls)
-    await server.start()
-    loading = asyncio.create_task(server.load())
-    await _first_of(loading, server.exit_requested.wait())
-    if loading.done():
-        loading.result()
-        logger.info("ready: serving model %r over gRPC on %s:%d%s. Try: %s", config.model_name,
-                    config.grpc_host, server.port, "" if config.is_insecure else " (mutual TLS)",
-                    server.how_to_call())
-        await server.exit_requested.wait()
-    loading.cancel()
-    logger.info("stopping: finishing the requests in flight (signal again to stop at once)")
-    await _first_of(server.drain(), server.stop_now.wait())
-    await server.stop()
+    try:
+        await server.start()
+        loading = asyncio.create_task(server.load())
+        await _first_of(loading, server.exit_requested.wait())
+        if loading.done():
+            loading.result()
+            logger.info("ready: serving model %r over gRPC on %s:%d%s. Try: %s",
+                        config.model_name, config.grpc_host, server.port,
+                        "" if config.is_insecure else " (mutual TLS)", server.how_to_call())
+            await server.exit_requested.wait()
+        loading.cancel()
+        logger.info("stopping: finishing the requests in flight (signal again to stop at once)")
+        await _first_of(server.drain(), server.stop_now.wait())
+    finally:
+        await server.stop()
 
 
 async def _first_of(*awaitables: Awaitable[object]) -> None:

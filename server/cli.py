@@ -170,9 +170,15 @@ def _serve(args: argparse.Namespace) -> int:
         logger.error("%s", error)
         return 2
     logger.info("effective configuration: %s", json.dumps(_describe(engine_config, server_config)))
-    from server.app import serve  # imports torch and transformers: only when serving
+    # These import torch and transformers: only when serving.
+    from engine.loader import ModelLoadError
+    from server.app import ListenError, serve
 
-    asyncio.run(serve(engine_config, server_config))
+    try:
+        asyncio.run(serve(engine_config, server_config))
+    except (ModelLoadError, ListenError) as error:
+        logger.error("%s", error)
+        return 1
     return 0
 
 
@@ -201,9 +207,13 @@ def _gateway(args: argparse.Namespace) -> int:
     except (ConfigError, TLSConfigError, ValueError) as error:
         logger.error("%s", error)
         return 2
-    from gateway.app import serve as serve_gateway
+    from gateway.app import ListenError, serve as serve_gateway
 
-    asyncio.run(serve_gateway(config))
+    try:
+        asyncio.run(serve_gateway(config))
+    except ListenError as error:
+        logger.error("%s", error)
+        return 1
     return 0
 
 

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
 from gateway_clients import MODEL, curl_with, grpcurl
 
 from server.process import GATEWAY_READY, SERVER_READY
@@ -127,3 +128,31 @@ def test_stop_service_to_the_server_alone_ends_run_with_status_0(pki, client_fil
         stopped = grpcurl(ready["grpc"], client_files, "switchboard.v1.Management/StopService")
         assert stopped.returncode == 0, stopped.stderr
         assert_all_exited(run, child_pids)
+
+
+@pytest.mark.parametrize("case", ["missing model", "not a model folder", "gRPC port taken",
+                                  "business port taken"])
+def test_a_process_that_cannot_start_says_why_in_one_line(pki, tmp_path, case) -> None:
+    """An operator's usual mistakes end with one ERROR line and status 1, not a traceback."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        command, says = {
+            "missing model": (["server", "--grpc-port", "0", "--model", str(tmp_path / "none")],
+                              f"model path {tmp_path / 'none'} does not exist"),
+            "not a model folder": (["server", "--grpc-port", "0", "--model", str(tmp_path)],
+                                   f"{tmp_path} is not a Hugging Face model folder"),
+            "gRPC port taken": (["server", "--grpc-port", port],
+                                f"gRPC cannot listen on 127.0.0.1:{port}"),
+            "business port taken": (["gateway", "--http-port", port, "--management-port", "0",
+                                     "--metrics-port", "0"],
+                                    f"the business plane cannot listen on 127.0.0.1:{port}"),
+        }[case]
+        ran = subprocess.run([sys.executable, "-m", "server", *command, "--tls-dir",
+                              str(pki.folder)], capture_output=True, text=True, timeout=300)
+    output = ran.stdout + ran.stderr
+    assert ran.returncode == 1, output
+    [error] = [line for line in output.splitlines() if " ERROR " in line]
+    assert says in error, output
+    assert "Traceback" not in output and "never awaited" not in output, output
