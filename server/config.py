@@ -63,6 +63,12 @@ CONFIG_KEYS = {
 }
 PATH_SETTINGS = frozenset({"model", "tls_ca_path", "tls_cert", "tls_pk", "tls_crl_path",
                            "cache_dir"})
+# The settings read as booleans and as strings, checked as the file is read so that the error
+# names the file's key: a string "false" would otherwise read as true. Numbers are checked,
+# with their ranges, where they are used.
+BOOLEAN_SETTINGS = frozenset({"enable_prefix_caching", "https_enabled", "enforce_eager"})
+STRING_SETTINGS = PATH_SETTINGS | {"model_name", "grpc_host", "http_host", "management_host",
+                                   "device", "dtype", "quantization"}
 
 
 class ConfigError(ValueError):
@@ -110,6 +116,7 @@ def read_config_file(path: Path) -> dict[str, object]:
             continue
         if name in settings and settings[name] != value:
             raise ConfigError(f"config file {path} sets {key} twice, to different values")
+        _check_type(path, key, name, value)
         settings[name] = value
     for name in PATH_SETTINGS & settings.keys():
         if isinstance(settings[name], str):
@@ -119,6 +126,14 @@ def read_config_file(path: Path) -> dict[str, object]:
     if "tls_crl_files" in settings:
         settings.setdefault("tls_crl_path", path.parent)
     return settings
+
+
+def _check_type(path: Path, key: str, name: str, value: object) -> None:
+    if name in BOOLEAN_SETTINGS and not isinstance(value, bool):
+        raise ConfigError(f"config file {path}: {key} must be true or false; got "
+                          f"{json.dumps(value)}")
+    if name in STRING_SETTINGS and not isinstance(value, str):
+        raise ConfigError(f"config file {path}: {key} must be a string; got {json.dumps(value)}")
 
 
 def tls_files_from_settings(settings: Mapping[str, object]) -> TLSFiles | None:

@@ -124,6 +124,24 @@ def test_unusable_config_file_is_a_config_error_naming_it(tmp_path: Path, conten
     assert message in str(caught.value)
 
 
+@pytest.mark.parametrize(("entry", "message"), [
+    ({"enablePrefixCaching": "false"}, 'enablePrefixCaching must be true or false; got "false"'),
+    ({"ServerConfig": {"httpsEnabled": "no"}}, 'httpsEnabled must be true or false; got "no"'),
+    ({"enforceEager": 0}, "enforceEager must be true or false; got 0"),
+    ({"ModelDeployConfig": {"ModelConfig": [{"modelName": 5}]}},
+     "modelName must be a string; got 5"),
+    ({"ServerConfig": {"ipAddress": 12345}}, "ipAddress must be a string; got 12345"),
+    ({"modelWeightPath": ["a"]}, 'modelWeightPath must be a string; got ["a"]'),
+])
+def test_a_key_of_the_wrong_type_is_a_config_error_naming_it(tmp_path: Path, entry: dict,
+                                                             message: str) -> None:
+    """A string "false" must not read as true (nor a number break the server later on)."""
+    path = write_config(tmp_path, entry)
+    with pytest.raises(ConfigError) as caught:
+        read_config_file(path)
+    assert str(caught.value) == f"config file {path}: {message}"
+
+
 def test_missing_config_file_is_a_config_error_naming_it(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=re.escape(
             f"cannot read config file {tmp_path / 'absent.json'}")):
