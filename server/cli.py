@@ -82,8 +82,9 @@ def _add_common_arguments(parser: argparse.ArgumentParser) -> None:
                         help="JSON config file with MindIE's config.json keys")
     parser.add_argument("--tls-dir", type=Path,
                         help="folder with ca.pem, server.pem, server.key.pem, client.pem, "
-                             f"client.key.pem (default: {DEFAULT_TLS_DIR}, unless the config file "
-                             "names TLS files)")
+                             f"client.key.pem (default: {DEFAULT_TLS_DIR}; a config file's TLS "
+                             "keys replace its server files, and the gateway's calls to the "
+                             "server use its client files all the same)")
     parser.add_argument("--insecure", action="store_true",
                         help="no TLS at all: plaintext gRPC, plain HTTP on loopback (logs a warning)")
     parser.add_argument("--tls-crl", type=Path,
@@ -241,7 +242,13 @@ def gateway_config(args: argparse.Namespace) -> GatewayConfig:
     client_files = None if insecure else dataclasses.replace(
         dev_files(args.tls_dir or DEFAULT_TLS_DIR, "client"), key_password=_key_password(args))
     if client_files is not None:
-        client_files.load()
+        try:
+            client_files.load()
+        except TLSConfigError as error:
+            raise ConfigError(
+                "the gateway's client certificate for its calls to the server is the TLS "
+                f"folder's client.pem and client.key.pem (--tls-dir, default {DEFAULT_TLS_DIR}; "
+                f"a config file's TLS keys are the server's certificate): {error}") from None
     return GatewayConfig(planes=tuple(planes),
                          upstream=UpstreamConfig(target=upstream, tls=client_files),
                          max_body_bytes=settings.get("max_body_bytes", DEFAULT_MAX_BODY_BYTES),

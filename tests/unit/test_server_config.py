@@ -354,6 +354,20 @@ def test_the_key_password_comes_from_a_file_or_the_environment_and_is_never_logg
     assert "from-env" not in json.dumps(_describe(engine_config, server_config))
 
 
+def test_a_gateway_without_its_client_certificate_says_where_it_looked(
+        tmp_path: Path, pki: DevPKIPaths, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The config file's TLS keys are the planes' (server) certificate; the upstream hop's
+    client certificate comes from the TLS folder, which here does not exist."""
+    monkeypatch.chdir(tmp_path)
+    path = write_config(tmp_path, pki_config(pki))
+    with pytest.raises(ConfigError) as caught:
+        gateway_settings("--config", str(path))
+    assert str(caught.value).startswith(
+        "the gateway's client certificate for its calls to the server is the TLS folder's "
+        "client.pem and client.key.pem (--tls-dir, default tls/dev; a config file's TLS keys "
+        "are the server's certificate): ")
+
+
 def test_gateway_limits_come_from_flags_or_maxlinknum(tmp_path: Path, pki: DevPKIPaths) -> None:
     path = write_config(tmp_path, pki_config(pki, maxLinkNum=300))
     args = _parser().parse_args(["gateway", "--config", str(path), "--tls-dir", str(pki.folder),
