@@ -12,8 +12,9 @@ KSERVE_HTTP_STATUS: dict[grpc.StatusCode, int] = {
     grpc.StatusCode.FAILED_PRECONDITION: 400,
     grpc.StatusCode.ALREADY_EXISTS: 400,
     grpc.StatusCode.CANCELLED: 400,
-    grpc.StatusCode.UNAUTHENTICATED: 401,
-    grpc.StatusCode.PERMISSION_DENIED: 403,
+    # The server refusing the gateway's own certificate: no fault of the client's.
+    grpc.StatusCode.UNAUTHENTICATED: 503,
+    grpc.StatusCode.PERMISSION_DENIED: 503,
     grpc.StatusCode.NOT_FOUND: 404,
     grpc.StatusCode.RESOURCE_EXHAUSTED: 503,
     grpc.StatusCode.UNAVAILABLE: 503,
@@ -23,8 +24,12 @@ KSERVE_HTTP_STATUS: dict[grpc.StatusCode, int] = {
 # Statuses whose server message is for operators, not clients, except messages that start
 # with one of PUBLIC_UNAVAILABLE.
 PUBLIC_UNAVAILABLE = ("the model is not ready", "the server is stopping")
+# The server refusing the gateway's own credentials, which only the gateway's log explains.
+CREDENTIAL_STATUSES = frozenset({grpc.StatusCode.UNAUTHENTICATED,
+                                 grpc.StatusCode.PERMISSION_DENIED})
 OPAQUE_STATUSES = {
     grpc.StatusCode.UNAVAILABLE: "the inference server is unavailable; retry later",
+    **dict.fromkeys(CREDENTIAL_STATUSES, "the inference server is unavailable; retry later"),
     grpc.StatusCode.INTERNAL: "internal error",
     grpc.StatusCode.UNKNOWN: "internal error",
     grpc.StatusCode.DATA_LOSS: "internal error",

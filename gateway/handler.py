@@ -16,7 +16,8 @@ from tornado.httputil import responses
 from tornado.iostream import StreamClosedError
 
 from gateway.content_coding import ACCEPTED, UNSUPPORTED_STATUS, BodyDecoder, body_decoder
-from gateway.errors import KSERVE_HTTP_STATUS, RequestError, client_message, http_status
+from gateway.errors import (CREDENTIAL_STATUSES, KSERVE_HTTP_STATUS, RequestError,
+                            client_message, http_status)
 from gateway.lifecycle import Lifecycle
 from gateway.metrics import GatewayMetrics
 from gateway.sse import CONTENT_TYPE, sse_event
@@ -249,6 +250,10 @@ class Handler(tornado.web.RequestHandler):
             logger.info("%s %s: %s", self.request.method, self.request.path, value)
         elif self._client_gone and isinstance(value, asyncio.CancelledError):
             logger.info("%s %s: client gone", self.request.method, self.request.path)
+        elif isinstance(value, grpc.aio.AioRpcError) and value.code() in CREDENTIAL_STATUSES:
+            logger.error("%s %s: the server refused the gateway's client certificate (%s: %s); "
+                         "clients get 503 until it is replaced (then SIGHUP)", self.request.method,
+                         self.request.path, value.code().name, value.details())
         elif isinstance(value, grpc.aio.AioRpcError):
             logger.info("%s %s: upstream %s: %s", self.request.method, self.request.path,
                         value.code().name, value.details())

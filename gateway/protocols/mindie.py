@@ -26,8 +26,9 @@ HTTP_STATUS = {
     grpc.StatusCode.UNAVAILABLE: 503,
     grpc.StatusCode.DEADLINE_EXCEEDED: 504,
     grpc.StatusCode.INTERNAL: 424,
-    grpc.StatusCode.UNAUTHENTICATED: 401,
-    grpc.StatusCode.PERMISSION_DENIED: 403,
+    # The server refusing the gateway's own certificate: no fault of the client's.
+    grpc.StatusCode.UNAUTHENTICATED: 503,
+    grpc.StatusCode.PERMISSION_DENIED: 503,
 }
 ERROR_TYPES = {400: "Bad Request", 404: "NotFoundError", 422: "Input Validation Error",
                424: "Generation Error", 500: "Incomplete Generation", 501: "Not Implemented",

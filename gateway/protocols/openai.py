@@ -68,8 +68,9 @@ HTTP_STATUS = {
     grpc.StatusCode.RESOURCE_EXHAUSTED: 503,  # a full queue: 429 is TGI's alone
     grpc.StatusCode.UNAVAILABLE: 503,
     grpc.StatusCode.DEADLINE_EXCEEDED: 504,
-    grpc.StatusCode.UNAUTHENTICATED: 401,
-    grpc.StatusCode.PERMISSION_DENIED: 403,
+    # The server refusing the gateway's own certificate: no fault of the client's.
+    grpc.StatusCode.UNAUTHENTICATED: 503,
+    grpc.StatusCode.PERMISSION_DENIED: 503,
 }
 ERROR_TYPES = {400: "invalid_request_error", 405: "invalid_request_error",
                413: "invalid_request_error", 415: "invalid_request_error",

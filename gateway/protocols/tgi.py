@@ -55,8 +55,9 @@ HTTP_STATUS = {
     grpc.StatusCode.UNAVAILABLE: 503,
     grpc.StatusCode.DEADLINE_EXCEEDED: 504,
     grpc.StatusCode.INTERNAL: 424,
-    grpc.StatusCode.UNAUTHENTICATED: 401,
-    grpc.StatusCode.PERMISSION_DENIED: 403,
+    # The server refusing the gateway's own certificate: no fault of the client's.
+    grpc.StatusCode.UNAUTHENTICATED: 503,
+    grpc.StatusCode.PERMISSION_DENIED: 503,
 }
 ERROR_TYPES = {400: "validation", 413: "validation", 415: "validation", 422: "validation",
                429: "overloaded", 424: "generation", 503: "healthcheck", 504: "timeout",

@@ -188,6 +188,25 @@ def test_a_revoked_client_certificate_fails_the_gateway_handshake(crl_service, r
     assert_handshake_refused(curl_with(revoked_files, gateway.url(plane) + PLANE_PATHS[plane]))
 
 
+def test_a_server_refusing_the_gateways_own_certificate_is_503_for_clients(
+        pki, client_files, tmp_path) -> None:
+    """The server's CRL revokes the gateway's upstream certificate (the client's is fine, the
+    gateway has no CRL): clients get 503, not the server's 401 about a certificate that is
+    not theirs, and the gateway's log says what to replace."""
+    serial = x509.load_pem_x509_certificate(pki.client_cert.read_bytes()).serial_number
+    crl = tmp_path / "crl.pem"
+    crl.write_bytes(create_crl(load_ca(pki), [serial]))
+    with own_service(pki.folder, server_args=("--tls-crl", str(crl))) as (_, gateway):
+        business = gateway.url("business")
+        ready = curl_with(client_files, business + "/v2/health/ready")
+        generate = curl_with(client_files, business + f"/v2/models/{MODEL}/generate",
+                             body=GENERATE)
+        log = gateway.log_text()
+    assert (ready.status, generate.status) == (503, 503), (ready.body, generate.body)
+    assert generate.json() == {"error": "the inference server is unavailable; retry later"}
+    assert "the server refused the gateway's client certificate (UNAUTHENTICATED" in log
+
+
 def test_a_revoked_client_certificate_is_unauthenticated_on_grpc(crl_service,
                                                                  revoked_files) -> None:
     server, _ = crl_service
