@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import logging
+
 from dataclasses import dataclass
 from pathlib import Path
+
+logger = logging.getLogger(__name__)
 
 DEVICES = ("auto", "cpu", "cuda", "npu")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -113,8 +117,20 @@ class EngineLimits:
     @classmethod
     def from_config(cls, config: EngineConfig, *, vocab_size: int, max_position_embeddings: int,
                     kv_capacity_tokens: int) -> EngineLimits:
-        """A request must fit the KV pool alone, or it could never be scheduled."""
+        """A request must fit the KV pool alone, or it could never be scheduled. A limit
+        configured above what is in force is logged, so the configuration a log shows is the
+        one that holds."""
         max_seq_len = min(config.max_seq_len, max_position_embeddings, kv_capacity_tokens)
+        if max_seq_len < config.max_seq_len:
+            reason = ("the model's context (max_position_embeddings)"
+                      if max_seq_len == max_position_embeddings
+                      else "what the KV cache pool holds (kvCacheMiB / kvCacheBlocks)")
+            logger.warning("maxSeqLen %d is above %s: %d tokens in force", config.max_seq_len,
+                           reason, max_seq_len)
+        if config.max_input_token_len > max_seq_len - 1:
+            logger.warning("maxInputTokenLen %d leaves no room to generate within maxSeqLen "
+                           "%d: %d tokens in force", config.max_input_token_len, max_seq_len,
+                           max_seq_len - 1)
         return cls(
             vocab_size=vocab_size,
             max_seq_len=max_seq_len,

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import grpc
 import pytest
 
 from engine import errors as engine_errors
-from engine.config import EngineConfig
+from engine.config import EngineConfig, EngineLimits
 from engine.errors import (EngineDead, EngineError, GenerationFailed, InvalidRequest, NotFound,
                            Overloaded, PromptTooLong, RequestTimedOut)
 from gateway.config import GatewayConfig, Plane, TLSMode
@@ -375,3 +376,21 @@ def test_gateway_limits_come_from_flags_or_maxlinknum(tmp_path: Path, pki: DevPK
     config = gateway_config(args)
     assert (config.max_connections, config.client_timeout_s, config.max_header_bytes) == (
         300, 5.0, 8192)
+
+
+@pytest.mark.parametrize(("capacity", "message"), [
+    (50_000, "maxSeqLen 100000 is above the model's context (max_position_embeddings): "
+             "8192 tokens in force"),
+    (4_000, "maxSeqLen 100000 is above what the KV cache pool holds (kvCacheMiB / "
+            "kvCacheBlocks): 4000 tokens in force"),
+])
+def test_a_limit_above_what_holds_is_logged_with_what_does(caplog: pytest.LogCaptureFixture,
+                                                           capacity: int, message: str) -> None:
+    """The effective configuration logged at start shows the file's maxSeqLen; what the model
+    and the KV pool allow is what holds, and the log says so."""
+    with caplog.at_level(logging.WARNING, logger="engine.config"):
+        limits = EngineLimits.from_config(EngineConfig(max_seq_len=100_000), vocab_size=10,
+                                          max_position_embeddings=8192,
+                                          kv_capacity_tokens=capacity)
+    assert limits.max_seq_len == min(8192, capacity)
+    assert [record.getMessage() for record in caplog.records] == [message]
