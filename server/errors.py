@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import logging
+
 import grpc
 
 from engine.errors import (EngineDead, EngineError, GenerationFailed, InvalidRequest, NotFound,
                            Overloaded, RequestTimedOut)
+
+logger = logging.getLogger(__name__)
 
 STATUS_BY_ERROR: dict[type[EngineError], grpc.StatusCode] = {
     InvalidRequest: grpc.StatusCode.INVALID_ARGUMENT,
@@ -23,3 +27,11 @@ def status_for(error: EngineError) -> grpc.StatusCode:
         if kind in STATUS_BY_ERROR:
             return STATUS_BY_ERROR[kind]
     return grpc.StatusCode.INTERNAL
+
+
+def refusal(error: EngineError) -> tuple[grpc.StatusCode, str]:
+    """The status and message of a request that ends with `error`, logged in one line: the
+    server's own record of what it refused, for clients that call it directly too."""
+    code = status_for(error)
+    logger.info("request ended with %s: %s", code.name, error.message)
+    return code, error.message

@@ -19,7 +19,7 @@ from engine.validation import INT_RANGES, MINDIE_SEED_RANGE, build_request, chec
 from proto import switchboard_pb2 as sb
 from proto import switchboard_pb2_grpc as sb_grpc
 from server import codec
-from server.errors import status_for
+from server.errors import refusal
 from server.served_model import ServedModel
 from server.servicer import engine_errors
 
@@ -53,7 +53,7 @@ class GenerationServicer(sb_grpc.GenerationServicer):
                 async for event in events:
                     yield generate_response(event, spec, tokens)
         except EngineError as error:
-            await context.abort(status_for(error), error.message)
+            await context.abort(*refusal(error))
 
     @engine_errors
     async def Tokenize(self, request: sb.TokenizeRequest, context: grpc.aio.ServicerContext

@@ -1,7 +1,7 @@
 """KServe v2 `inference.GRPCInferenceService`, backed by the engine.
 
 Each RPC is a few lines: decode with `codec`, call the engine, encode. Engine errors map to
-gRPC statuses through `errors.status_for`; the service's other RPCs answer UNIMPLEMENTED.
+gRPC statuses through `errors.refusal`; the service's other RPCs answer UNIMPLEMENTED.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from engine.request import RequestOutput
 from proto import grpc_service_pb2 as pb
 from proto import grpc_service_pb2_grpc as pb_grpc
 from server import codec, model_info
-from server.errors import status_for
+from server.errors import refusal
 from server.metrics import execution_count
 from server.served_model import ServedModel
 
@@ -44,7 +44,7 @@ def engine_errors(rpc: Callable[..., Awaitable[Response]]) -> Callable[..., Awai
         try:
             return await rpc(self, request, context)
         except EngineError as error:
-            await context.abort(status_for(error), error.message)
+            await context.abort(*refusal(error))
 
     return wrapper
 
@@ -183,9 +183,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                     yield item
                     continue
                 request, error = item
+                code, message = refusal(error)
                 if status_errors:
-                    await context.abort(status_for(error), error.message)
-                yield codec.stream_error(request, error.message)
+                    await context.abort(code, message)
+                yield codec.stream_error(request, message)
         finally:
             for task in (reader, *running):
                 task.cancel()

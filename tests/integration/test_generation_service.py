@@ -24,6 +24,7 @@ QUESTION = "What is the capital of France?"
 COMPLETION_PROMPT = "The capital of France is"
 CALL_TIMEOUT_S = 60
 SLOTS_FREED_WITHIN_S = 5.0
+LOGGED_WITHIN_S = 5.0
 UINT64_MAX = 2**64 - 1
 
 
@@ -121,6 +122,17 @@ def wait_for_all_slots_free(management: sb_grpc.ManagementStub) -> sb.GetSlotCou
         if slots.free_slots == slots.total_slots or time.monotonic() > deadline:
             return slots
         time.sleep(0.05)
+
+
+def logged(server, text: str) -> bool:
+    """Whether the server's log shows `text` within LOGGED_WITHIN_S (its output is read by
+    another thread)."""
+    deadline = time.monotonic() + LOGGED_WITHIN_S
+    while text not in server.log_text():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 @pytest.fixture(scope="module")
@@ -388,12 +400,15 @@ INVALID_REQUESTS = {
 
 
 @pytest.mark.parametrize("case", INVALID_REQUESTS)
-def test_invalid_request_is_invalid_argument_naming_the_field(generation, case) -> None:
+def test_invalid_request_is_invalid_argument_naming_the_field(grpc_server, generation,
+                                                             case) -> None:
     build, field = INVALID_REQUESTS[case]
     error = rpc_error(generation, build())
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert error.details().startswith(f"{field}: "), error.details()
     assert_still_serves(generation)
+    # The server's own log line, for clients that call it directly.
+    assert logged(grpc_server, f"request ended with INVALID_ARGUMENT: {error.details()}")
 
 
 def test_unknown_role_message_quotes_the_role(generation) -> None:
