@@ -237,7 +237,8 @@ def gateway_config(args: argparse.Namespace) -> GatewayConfig:
             f"{'http' if plane is Plane.BUSINESS else plane.value}_port", port), tls_mode=mode,
             tls=None if mode is TLSMode.NONE else server_files))
     upstream = settings.get("upstream") or (
-        f"{settings['grpc_host']}:{settings['grpc_port']}" if "grpc_port" in settings
+        f"{settings.get('grpc_host', DEFAULT_GRPC_HOST)}:{settings['grpc_port']}"
+        if "grpc_port" in settings
         else DEFAULT_UPSTREAM)
     client_files = None if insecure else dataclasses.replace(
         dev_files(args.tls_dir or DEFAULT_TLS_DIR, "client"), key_password=_key_password(args))
@@ -300,6 +301,13 @@ def _run(args: argparse.Namespace) -> int:
         [f"{option}={getattr(args, dest)}" if not isinstance(getattr(args, dest), bool)
          else option for dest, option in options.items() if getattr(args, dest) is not None]
         for options in (args.server_options, args.gateway_options))
+    # Both configurations are checked before the model loads, which may take minutes.
+    try:
+        _configs(_parser().parse_args(["server", *shared, *server_flags]))
+        gateway_config(_parser().parse_args(["gateway", *shared, *gateway_flags]))
+    except (ConfigError, TLSConfigError, ValueError) as error:
+        logger.error("%s", error)
+        return 2
     done = threading.Event()  # a signal came, or a child exited
     signalled = threading.Event()
     children: list[ChildProcess] = []

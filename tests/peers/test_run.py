@@ -156,3 +156,15 @@ def test_a_process_that_cannot_start_says_why_in_one_line(pki, tmp_path, case) -
     [error] = [line for line in output.splitlines() if " ERROR " in line]
     assert says in error, output
     assert "Traceback" not in output and "never awaited" not in output, output
+
+
+def test_run_refuses_a_bad_gateway_setting_before_loading_the_model(pki, tmp_path) -> None:
+    """The gateway's settings are checked before the server loads the model (minutes for a
+    big one), with one ERROR line and status 2, as a bad server setting is."""
+    ran = subprocess.run([sys.executable, "-m", "server", "run", "--tls-dir", str(pki.folder),
+                          "--http-port", "70000"], capture_output=True, text=True, timeout=120)
+    output = ran.stdout + ran.stderr
+    assert ran.returncode == 2, output
+    [error] = [line for line in output.splitlines() if " ERROR " in line]
+    assert "port must be in [0, 65535]; got 70000" in error, output
+    assert "loading" not in output and "Traceback" not in output, output

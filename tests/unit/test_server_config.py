@@ -314,6 +314,13 @@ def test_gateway_ports_come_from_mindie_keys_then_flags(pki: DevPKIPaths, tmp_pa
     assert config.upstream.target == "127.0.0.1:9001"
 
 
+def test_the_upstream_from_a_grpc_port_alone_is_on_the_default_host(pki: DevPKIPaths,
+                                                                    tmp_path: Path) -> None:
+    path = write_config(tmp_path, {"grpcPort": 9002})
+    config = gateway_settings("--config", str(path), "--tls-dir", str(pki.folder))
+    assert config.upstream.target == "127.0.0.1:9002"
+
+
 def test_plain_http_is_refused_off_loopback(pki: DevPKIPaths) -> None:
     with pytest.raises(ValueError, match="loopback"):
         gateway_settings("--tls-dir", str(pki.folder), "--http-host", "0.0.0.0",
