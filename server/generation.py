@@ -30,17 +30,10 @@ class GenerationServicer(sb_grpc.GenerationServicer):
     def __init__(self, served: ServedModel) -> None:
         self.served = served
 
-    def _engine(self, model_name: str) -> EngineClient:
-        """The served model's engine, if ready and named (empty: the served model)."""
-        engine = self.served.ready_engine()
-        if model_name:
-            self.served.check_model(model_name)
-        return engine
-
     async def Generate(self, request: sb.GenerateRequest, context: grpc.aio.ServicerContext
                        ) -> AsyncIterator[sb.GenerateResponse]:
         try:
-            engine = self._engine(request.model_name)
+            engine = self.served.named_engine(request.model_name)
             codec.check_client_id(request.id)
             spec = build_request(uuid.uuid4().hex, _prompt_token_ids(engine, request),
                                  codec.parameter_values(request.parameters), engine.limits,
@@ -58,7 +51,7 @@ class GenerationServicer(sb_grpc.GenerationServicer):
     @engine_errors
     async def Tokenize(self, request: sb.TokenizeRequest, context: grpc.aio.ServicerContext
                        ) -> sb.TokenizeResponse:
-        engine = self._engine(request.model_name)
+        engine = self.served.named_engine(request.model_name)
         response = sb.TokenizeResponse(max_sequence_length=engine.limits.max_seq_len)
         if request.WhichOneof("prompt") == "messages":
             response.templated_text = engine.render_chat(_chat_messages(request.messages))
@@ -77,7 +70,7 @@ class GenerationServicer(sb_grpc.GenerationServicer):
     @engine_errors
     async def Detokenize(self, request: sb.DetokenizeRequest, context: grpc.aio.ServicerContext
                          ) -> sb.DetokenizeResponse:
-        engine = self._engine(request.model_name)
+        engine = self.served.named_engine(request.model_name)
         check_vocabulary("token_ids", request.token_ids, engine.limits)
         return sb.DetokenizeResponse(text=engine.decode(request.token_ids,
                                                         skip_special_tokens=False))

@@ -34,8 +34,7 @@ class ManagementServicer(sb_grpc.ManagementServicer):
     @engine_errors
     async def StopInfer(self, request: sb.StopInferRequest, context: grpc.aio.ServicerContext
                         ) -> sb.StopInferResponse:
-        self.served.check_model(request.model_name)
-        engine = self.served.ready_engine()
+        engine = self.served.named_engine(request.model_name)
         if not request.id:
             raise InvalidRequest("id", "is required: the id of the request to stop")
         codec.check_client_id(request.id)
@@ -49,8 +48,7 @@ class ManagementServicer(sb_grpc.ManagementServicer):
     @engine_errors
     async def GetSlotCount(self, request: sb.GetSlotCountRequest, context: grpc.aio.ServicerContext
                            ) -> sb.GetSlotCountResponse:
-        self.served.check_model(request.model_name)
-        stats = self.served.ready_engine().stats()
+        stats = self.served.named_engine(request.model_name).stats()
         return sb.GetSlotCountResponse(
             total_slots=stats.max_batch_size,
             free_slots=stats.free_slots,

@@ -38,6 +38,14 @@ class ServedModel:
             raise EngineDead("the model is not ready (still loading, or stopped)")
         return self.engine
 
+    def named_engine(self, name: str) -> EngineClient:
+        """Our own services' engine, if ready: an empty name is the served model, as in their
+        requests (KServe's RPCs need the name, see check_model)."""
+        engine = self.ready_engine()
+        if name:
+            self.check_model(name)
+        return engine
+
     def check_model(self, name: str, version: str = "") -> None:
         if name != self.model_name:
             raise NotFound(f"unknown model {name!r}; this server serves {self.model_name!r}")

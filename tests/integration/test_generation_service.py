@@ -505,6 +505,18 @@ def test_stop_infer_ends_a_generation_by_its_client_id(generation, management) -
     assert wait_for_all_slots_free(management).free_slots == slot_count(management).total_slots
 
 
+def test_management_calls_without_a_model_name_are_for_the_served_model(generation,
+                                                                        management) -> None:
+    """As the Generation service's: an empty model_name is the served model."""
+    call = long_call(generation, "gen-stop-unnamed", do_sample=False)
+    next(call)
+    assert management.GetSlotCount(sb.GetSlotCountRequest(), timeout=10).total_slots == \
+        slot_count(management).total_slots
+    stopped = management.StopInfer(sb.StopInferRequest(id="gen-stop-unnamed"), timeout=10)
+    assert stopped.num_stopped == 1
+    assert [response.finish_reason for response in call][-1] == "stopped"
+
+
 def test_stop_infer_stops_every_sequence_and_every_request_sharing_the_id(
         generation, management) -> None:
     multi = long_call(generation, "gen-stop-2", n=2, do_sample=True)
