@@ -31,6 +31,7 @@ from tls import TLSConfigError, TLSFiles, dev_files
 logger = logging.getLogger("switchboard")
 
 DEFAULT_TLS_DIR = Path("tls/dev")
+LOG_LEVELS = ("debug", "info", "warning", "error")
 KEY_PASSWORD_ENV = "SWITCHBOARD_TLS_KEY_PASSWORD"
 # `run`: after one child stops by itself, how long its partner has to follow (a /stopService
 # stops both; the server takes a few seconds to close) before it is sent SIGTERM.
@@ -51,8 +52,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="switchboard", description=__doc__)
-    parser.add_argument("--log-level", default="info",
-                        choices=("debug", "info", "warning", "error"))
+    parser.add_argument("--log-level", default="info", choices=LOG_LEVELS)
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
 
     serve = commands.add_parser("server", aliases=["serve"],
@@ -78,6 +78,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _add_common_arguments(parser: argparse.ArgumentParser) -> None:
+    # Also after the command (make run ARGS="--log-level debug"); `run` passes it on.
+    parser.add_argument("--log-level", choices=LOG_LEVELS, default=argparse.SUPPRESS,
+                        help="default: info")
     parser.add_argument("--config", type=Path,
                         help="JSON config file with MindIE's config.json keys")
     parser.add_argument("--tls-dir", type=Path,
@@ -291,7 +294,8 @@ def _run(args: argparse.Namespace) -> int:
     (StopService), the gateway, which cannot serve without it, is stopped as by SIGTERM at
     once; when the gateway does (/stopService, which stops both), the server is, unless it
     exits too within PARTNER_EXIT_GRACE_S. `run` exits 0 if both exit 0."""
-    shared = [*(["--config", str(args.config)] if args.config else []),
+    shared = [f"--log-level={args.log_level}",
+              *(["--config", str(args.config)] if args.config else []),
               *(["--tls-dir", str(args.tls_dir)] if args.tls_dir else []),
               *(["--tls-crl", str(args.tls_crl)] if args.tls_crl else []),
               *(["--tls-key-password-file", str(args.tls_key_password_file)]

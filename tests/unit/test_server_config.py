@@ -401,3 +401,10 @@ def test_a_limit_above_what_holds_is_logged_with_what_does(caplog: pytest.LogCap
                                           kv_capacity_tokens=capacity)
     assert limits.max_seq_len == min(8192, capacity)
     assert [record.getMessage() for record in caplog.records] == [message]
+
+
+def test_the_log_level_may_come_before_or_after_the_command() -> None:
+    """make run ARGS="--log-level debug" puts it after `run`."""
+    assert _parser().parse_args(["run", "--log-level", "debug"]).log_level == "debug"
+    assert _parser().parse_args(["--log-level", "warning", "server"]).log_level == "warning"
+    assert _parser().parse_args(["gateway"]).log_level == "info"
