@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Literal
 
@@ -12,6 +14,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from tls.pki import DevPKIPaths, key_matches
+
+logger = logging.getLogger(__name__)
 
 
 class TLSConfigError(ValueError):
@@ -57,6 +61,7 @@ class TLSFiles:
         key_pem = _read(self.key_file, "private key")
         authorities = _parse_certificates(ca_pem, self.ca_file, "CA certificate")
         leaf = _parse_certificates(cert_pem, self.cert_file, "certificate")[0]
+        _warn_outside_validity(leaf, self.cert_file)
         key = _parse_private_key(key_pem, self.key_file, self.key_password)
         if not key_matches(leaf, key):
             raise TLSConfigError(
@@ -80,6 +85,14 @@ def dev_files(folder: Path, role: Literal["server", "client"]) -> TLSFiles:
     if role == "client":
         return TLSFiles(ca_file=paths.ca_cert, cert_file=paths.client_cert, key_file=paths.client_key)
     raise ValueError(f"role must be 'server' or 'client', got {role!r}")
+
+
+def _warn_outside_validity(certificate: x509.Certificate, path: Path) -> None:
+    """Loaded all the same (a rotation may be on its way), but peers will refuse it."""
+    start, end = certificate.not_valid_before_utc, certificate.not_valid_after_utc
+    if not start <= datetime.now(timezone.utc) <= end:
+        logger.warning("certificate %s is valid from %s to %s only: peers refuse it now",
+                       path, start.isoformat(), end.isoformat())
 
 
 def _read(path: Path, what: str) -> bytes:

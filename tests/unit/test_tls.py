@@ -181,6 +181,35 @@ def test_expired_certificate_is_reported_as_expired(tmp_path: Path) -> None:
     assert client_error.verify_message == "certificate has expired"
 
 
+@pytest.mark.parametrize(("days_from", "days_to"), [(-10, -1), (1, 10)],
+                         ids=["expired", "not yet valid"])
+def test_a_certificate_outside_its_validity_loads_with_a_warning(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, days_from: int, days_to: int) -> None:
+    """An operator sees why every peer refuses the server (the files load: a rotation may
+    be on its way)."""
+    ca = create_ca("test CA")
+    now = datetime.now(timezone.utc)
+    credential = issue_certificate(ca, "server", kind="server", hosts=["localhost"],
+                                   not_before=now + timedelta(days=days_from),
+                                   not_after=now + timedelta(days=days_to))
+    paths = DevPKIPaths.in_folder(tmp_path)
+    paths.ca_cert.write_bytes(ca.certificate_pem())
+    paths.server_cert.write_bytes(credential.certificate_pem())
+    paths.server_key.write_bytes(credential.private_key_pem())
+    with caplog.at_level("WARNING", logger="tls.files"):
+        dev_files(tmp_path, "server").load()
+    [record] = caplog.records
+    assert record.getMessage().startswith(f"certificate {paths.server_cert} is valid from ")
+    assert record.getMessage().endswith(" only: peers refuse it now")
+
+
+def test_a_certificate_within_its_validity_loads_without_a_warning(
+        dev_pki: DevPKIPaths, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("WARNING", logger="tls.files"):
+        dev_files(dev_pki.folder, "server").load()
+    assert caplog.records == []
+
+
 def test_rsa_certificates_add_key_encipherment() -> None:
     ca = create_ca("rsa CA", key_type="rsa")
     leaf = issue_certificate(ca, "rsa server", kind="server", hosts=["localhost"], key_type="rsa")
