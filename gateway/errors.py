@@ -27,9 +27,9 @@ PUBLIC_UNAVAILABLE = ("the model is not ready", "the server is stopping")
 # The server refusing the gateway's own credentials, which only the gateway's log explains.
 CREDENTIAL_STATUSES = frozenset({grpc.StatusCode.UNAUTHENTICATED,
                                  grpc.StatusCode.PERMISSION_DENIED})
+UNAVAILABLE_MESSAGE = "the inference server is unavailable; retry later"
 OPAQUE_STATUSES = {
-    grpc.StatusCode.UNAVAILABLE: "the inference server is unavailable; retry later",
-    **dict.fromkeys(CREDENTIAL_STATUSES, "the inference server is unavailable; retry later"),
+    **dict.fromkeys({grpc.StatusCode.UNAVAILABLE, *CREDENTIAL_STATUSES}, UNAVAILABLE_MESSAGE),
     grpc.StatusCode.INTERNAL: "internal error",
     grpc.StatusCode.UNKNOWN: "internal error",
     grpc.StatusCode.DATA_LOSS: "internal error",
