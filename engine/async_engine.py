@@ -50,6 +50,7 @@ class ModelInfo:
     special_token_ids: frozenset[int]
     kv_cache_bytes: int
     max_batch_size: int
+    max_waiting_requests: int
     quantization: str = "none"
 
 
@@ -142,6 +143,7 @@ class AsyncEngine:
                          special_token_ids=frozenset(loaded.tokenizer.all_special_ids),
                          kv_cache_bytes=num_blocks * block_bytes,
                          max_batch_size=config.max_batch_size,
+                         max_waiting_requests=config.max_queue_len,
                          quantization=loaded.quantization.scheme)
         return cls(core, loaded.tokenizer, limits, info,
                    max_unfinished=config.max_batch_size + config.max_queue_len,

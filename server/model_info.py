@@ -76,6 +76,7 @@ def model_config(model_name: str, engine: EngineClient | None) -> pb.ModelConfig
                            ("max_stop_sequences", MAX_STOP_SEQUENCES),
                            ("max_top_logprobs", MAX_TOP_LOGPROBS),
                            ("max_running_requests", info.max_batch_size),
+                           ("max_waiting_requests", info.max_waiting_requests),
                            ("block_size", info.block_size),
                            ("num_kv_blocks", info.num_kv_blocks),
                            ("kv_cache_bytes", info.kv_cache_bytes),

@@ -62,6 +62,8 @@ HTTP_STATUS = {
 ERROR_TYPES = {400: "validation", 413: "validation", 415: "validation", 422: "validation",
                429: "overloaded", 424: "generation", 503: "healthcheck", 504: "timeout",
                404: "not_found"}
+# The processes that validate requests before they queue (TGI's router: 2 by default).
+VALIDATION_WORKERS = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,18 +252,23 @@ def error_body(status: int, message: str) -> dict[str, object]:
 
 
 def info_json(model_name: str, parameters: Mapping[str, str], version: str) -> dict[str, object]:
-    """GET /info from the model's config parameters (limits, dtype, device)."""
+    """GET /info from the model's config parameters (limits, dtype, device). TGI's
+    max_concurrent_requests is how many requests it holds before answering 429: here the
+    running ones and the waiting queue."""
     def limit(name: str) -> int | None:
         value = parameters.get(name)
         return int(value) if value is not None else None
 
+    running, waiting = limit("max_running_requests"), limit("max_waiting_requests")
     return {
         "model_id": model_name, "model_sha": None, "model_dtype": parameters.get("dtype"),
         "model_device_type": parameters.get("device"), "model_pipeline_tag": "text-generation",
-        "max_concurrent_requests": None, "max_best_of": limit("max_sequences"),
+        "max_concurrent_requests": None if running is None or waiting is None
+        else running + waiting,
+        "max_best_of": limit("max_sequences"),
         "max_stop_sequences": limit("max_stop_sequences"),
         "max_input_length": limit("max_input_len"), "max_input_tokens": limit("max_input_len"),
-        "max_total_tokens": limit("max_seq_len"), "validation_workers": None,
+        "max_total_tokens": limit("max_seq_len"), "validation_workers": VALIDATION_WORKERS,
         "max_client_batch_size": 1, "router": "switchboard", "version": version,
         "sha": None, "docker_label": None,
     }

@@ -272,6 +272,7 @@ def test_curl_info(gateway, client_files) -> None:
     assert 0 < info["max_input_length"] < info["max_total_tokens"]
     assert info["max_best_of"] >= 1
     assert info["max_stop_sequences"] >= 1
+    assert info["max_concurrent_requests"] >= 1 and info["validation_workers"] == 1
     assert isinstance(info["version"], str) and info["version"]
 
 

@@ -21,7 +21,7 @@ LIMITS = EngineLimits(vocab_size=VOCAB_SIZE, max_seq_len=64, max_input_len=63, m
 INFO = ModelInfo(source="fake", device="cpu", dtype="float32", vocab_size=VOCAB_SIZE,
                  eos_token_ids=frozenset({EOS_ID}), num_kv_blocks=256, block_size=4,
                  special_token_ids=frozenset({EOS_ID}), kv_cache_bytes=256 * 4 * 64,
-                 max_batch_size=8)
+                 max_batch_size=8, max_waiting_requests=4)
 ENDLESS = 10**6  # max_new_tokens of a request that only ends when it is aborted
 
 

@@ -629,12 +629,14 @@ def test_tgi_error_body(status: int, error_type: str) -> None:
 def test_tgi_info_json_from_the_models_limits() -> None:
     info = tgi.info_json("smollm2", {"max_seq_len": "2048", "max_input_len": "1024",
                                      "max_sequences": "4", "dtype": "bfloat16",
-                                     "device": "cuda"}, "1.2.3")
+                                     "device": "cuda", "max_running_requests": "200",
+                                     "max_waiting_requests": "1000"}, "1.2.3")
     assert (info["model_id"], info["version"], info["router"]) == ("smollm2", "1.2.3",
                                                                    "switchboard")
     assert (info["max_total_tokens"], info["max_input_tokens"], info["max_input_length"],
             info["max_best_of"]) == (2048, 1024, 1024, 4)
     assert info["max_stop_sequences"] is None
+    assert (info["max_concurrent_requests"], info["validation_workers"]) == (1200, 1)
     assert info["max_client_batch_size"] == 1
     assert info["model_pipeline_tag"] == "text-generation"
     assert (info["model_dtype"], info["model_device_type"]) == ("bfloat16", "cuda")
