@@ -60,15 +60,21 @@ CONFIG_KEYS = {
     "numSpeculativeTokens": "num_speculative_tokens",
     "speculativeMaxBatch": "speculative_max_batch",
     "cacheDir": "cache_dir",
+    "allowAllZeroIpListening": "allow_all_zero_ip_listening",
 }
 PATH_SETTINGS = frozenset({"model", "tls_ca_path", "tls_cert", "tls_pk", "tls_crl_path",
                            "cache_dir"})
 # The settings read as booleans and as strings, checked as the file is read so that the error
 # names the file's key: a string "false" would otherwise read as true. Numbers are checked,
 # with their ranges, where they are used.
-BOOLEAN_SETTINGS = frozenset({"enable_prefix_caching", "https_enabled", "enforce_eager"})
-STRING_SETTINGS = PATH_SETTINGS | {"model_name", "grpc_host", "http_host", "management_host",
-                                   "device", "dtype", "quantization"}
+BOOLEAN_SETTINGS = frozenset({"enable_prefix_caching", "https_enabled", "enforce_eager",
+                              "allow_all_zero_ip_listening"})
+HOST_SETTINGS = frozenset({"grpc_host", "http_host", "management_host"})
+STRING_SETTINGS = PATH_SETTINGS | HOST_SETTINGS | {"model_name", "device", "dtype",
+                                                   "quantization"}
+# Addresses that listen on every interface, which a file may name only with
+# allowAllZeroIpListening true, as MindIE's config.json (command-line flags are not held to it).
+ALL_ZERO_ADDRESSES = frozenset({"0.0.0.0", "::"})
 
 
 class ConfigError(ValueError):
@@ -109,6 +115,7 @@ def read_config_file(path: Path) -> dict[str, object]:
     if not isinstance(document, dict):
         raise ConfigError(f"config file {path} must hold a JSON object")
     settings: dict[str, object] = {}
+    all_zero_keys = []
     for key, value in _leaves(document):
         name = CONFIG_KEYS.get(key)
         if name is None:
@@ -118,6 +125,12 @@ def read_config_file(path: Path) -> dict[str, object]:
             raise ConfigError(f"config file {path} sets {key} twice, to different values")
         _check_type(path, key, name, value)
         settings[name] = value
+        if name in HOST_SETTINGS and value in ALL_ZERO_ADDRESSES:
+            all_zero_keys.append(key)
+    if all_zero_keys and not settings.pop("allow_all_zero_ip_listening", False):
+        raise ConfigError(f"config file {path}: {', '.join(all_zero_keys)} listens on every "
+                          f"interface, which needs allowAllZeroIpListening set to true")
+    settings.pop("allow_all_zero_ip_listening", None)
     for name in PATH_SETTINGS & settings.keys():
         if isinstance(settings[name], str):
             settings[name] = path.parent / settings[name]

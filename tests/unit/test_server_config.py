@@ -143,6 +143,29 @@ def test_a_key_of_the_wrong_type_is_a_config_error_naming_it(tmp_path: Path, ent
     assert str(caught.value) == f"config file {path}: {message}"
 
 
+@pytest.mark.parametrize("server_config", [
+    {"ipAddress": "0.0.0.0"},
+    {"ipAddress": "127.0.0.1", "managementIpAddress": "::"},
+    {"ipAddress": "0.0.0.0", "allowAllZeroIpListening": False},
+])
+def test_listening_on_every_interface_needs_allow_all_zero_ip_listening(
+        tmp_path: Path, server_config: dict) -> None:
+    """As MindIE refuses such a config.json; the error names the key."""
+    path = write_config(tmp_path, {"ServerConfig": server_config})
+    key = next(key for key, value in server_config.items() if value in ("0.0.0.0", "::"))
+    with pytest.raises(ConfigError) as caught:
+        read_config_file(path)
+    assert str(caught.value) == (f"config file {path}: {key} listens on every interface, "
+                                 f"which needs allowAllZeroIpListening set to true")
+
+
+def test_allow_all_zero_ip_listening_lets_a_file_listen_on_every_interface(
+        tmp_path: Path) -> None:
+    path = write_config(tmp_path, {"ServerConfig": {"ipAddress": "0.0.0.0",
+                                                    "allowAllZeroIpListening": True}})
+    assert read_config_file(path) == {"http_host": "0.0.0.0"}
+
+
 def test_missing_config_file_is_a_config_error_naming_it(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=re.escape(
             f"cannot read config file {tmp_path / 'absent.json'}")):
