@@ -90,6 +90,12 @@ class UpstreamConfig:
     target: str = DEFAULT_UPSTREAM
     tls: TLSFiles | None = None
 
+    def __post_init__(self) -> None:
+        host, _, port = self.target.rpartition(":")
+        if not host or "/" in host or not port.isdigit() or not 1 <= int(port) <= 65535:
+            raise ValueError(f"upstream must be the gRPC server's HOST:PORT (no scheme, a port "
+                             f"in [1, 65535]); got {self.target!r}")
+
     def credentials(self) -> grpc.ChannelCredentials | None:
         if self.tls is None:
             return None

@@ -3,6 +3,7 @@ in-memory TLS handshakes (no sockets)."""
 
 from __future__ import annotations
 
+import re
 import ssl
 import subprocess
 import sys
@@ -157,3 +158,19 @@ def test_the_gateway_raises_its_open_files_limit_for_the_connections_it_may_hold
     soft, hard_now = map(int, result.stdout.split())
     assert soft == min(1000, hard_now)
     assert ("open files are limited to 512" in result.stderr) is (hard == 512)
+
+
+@pytest.mark.parametrize("target", ["127.0.0.1:8001", "localhost:8001", "[::1]:8001"])
+def test_an_upstream_is_host_and_port(target: str) -> None:
+    assert UpstreamConfig(target=target).target == target
+
+
+@pytest.mark.parametrize("target", ["8001", "127.0.0.1", ":8001", "127.0.0.1:0",
+                                    "127.0.0.1:65536", "127.0.0.1:port",
+                                    "https://127.0.0.1:8001"])
+def test_an_upstream_that_is_not_host_and_port_is_refused(target: str) -> None:
+    """It used to be accepted, and every request then failed with 503."""
+    with pytest.raises(ValueError, match=re.escape(f"upstream must be the gRPC server's "
+                                                   f"HOST:PORT (no scheme, a port in "
+                                                   f"[1, 65535]); got {target!r}")):
+        UpstreamConfig(target=target)
