@@ -153,6 +153,9 @@ class Gateway:
         """SIGHUP: read the TLS files again (certificate rotation). New connections, and new
         upstream calls, use them; connections and streams in flight carry on."""
         try:
+            # Checked first for messages that name the file at fault (ssl's say "PEM lib").
+            for files in {plane.tls for _, plane in self._servers if plane.tls is not None}:
+                files.load()
             contexts = [plane.ssl_context() for _, plane in self._servers]
             upstream_credentials = self.config.upstream.credentials()
         except (OSError, ValueError) as error:  # ssl.SSLError and TLSConfigError among them

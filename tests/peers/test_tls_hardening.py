@@ -118,18 +118,19 @@ def assert_grpc_handshake_refused(address: str, files: ClientFiles) -> None:
 
 
 def wait_for_new_line(process: ServerProcess | GatewayProcess, text: str,
-                      before: set[str]) -> None:
-    """Wait for a log line saying `text` that is not among the lines `before`."""
+                      before: set[str]) -> str:
+    """Wait for a log line saying `text` that is not among the lines `before`; returns it."""
     lines, _ = poll(lambda: [line for line in list(process.log)
                              if text in line and line not in before], bool, deadline_s=10)
     assert lines, f"no new {text!r} line:\n{process.log_text()}"
+    return lines[0]
 
 
-def reload_tls(process: ServerProcess | GatewayProcess, expected: str) -> None:
-    """SIGHUP, then wait for a new log line saying `expected`."""
+def reload_tls(process: ServerProcess | GatewayProcess, expected: str) -> str:
+    """SIGHUP, then wait for a new log line saying `expected`; returns it."""
     before = set(process.log)
     process.process.send_signal(signal.SIGHUP)
-    wait_for_new_line(process, expected, before)
+    return wait_for_new_line(process, expected, before)
 
 
 def reload_tls_everywhere(server: ServerProcess, gateway: GatewayProcess) -> None:
@@ -395,7 +396,7 @@ def test_a_broken_key_on_sighup_is_not_reloaded_and_the_current_one_stays(
     replace_file(pki.server_key, BROKEN_KEY)
     try:
         for process in (server, gateway):
-            reload_tls(process, NOT_RELOADED)
+            assert str(pki.server_key) in reload_tls(process, NOT_RELOADED)
         assert served_serial(business, files) == serving
         assert served_serial(server.address, files) == serving
         assert_gateway_generates(gateway, files)
