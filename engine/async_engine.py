@@ -228,7 +228,7 @@ class AsyncEngine:
             raise EngineDead("the engine is not running")
         if request.request_id in self._internal_ids:
             raise InvalidRequest("id", f"request id {request.request_id!r} is already in use")
-        if len(self._streams) >= self._max_unfinished:
+        if len(self._streams) >= self._max_unfinished and not request.probe:
             raise Overloaded(f"too many requests in flight ({self._max_unfinished}); retry later")
         internal_id = f"{request.request_id}#{next(self._counter)}"
         queue: asyncio.Queue[RequestOutput] = asyncio.Queue()

@@ -69,10 +69,14 @@ class SamplingParams:
 
 @dataclass(frozen=True, slots=True)
 class GenerationRequest:
-    """One validated request, as every protocol hands it to the engine."""
+    """One validated request, as every protocol hands it to the engine. A probe (MindIE's
+    /health/timed inference) checks that the engine generates: it goes ahead of every other
+    request, past the in-flight and running limits, so that a busy server is not reported
+    broken."""
 
     request_id: str
     prompt_token_ids: tuple[int, ...]
     sampling: SamplingParams
     priority: int = DEFAULT_PRIORITY
     timeout_s: float = DEFAULT_TIMEOUT_S
+    probe: bool = False

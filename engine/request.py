@@ -131,8 +131,8 @@ class Request:
 
     @property
     def sort_key(self) -> tuple[int, int]:
-        """Waiting order: priority (1 first), then arrival."""
-        return (self.spec.priority, self.arrival_index)
+        """Waiting order: probes, then priority (1 first), then arrival."""
+        return (0 if self.spec.probe else self.spec.priority, self.arrival_index)
 
     @property
     def all_token_ids(self) -> list[int]:

@@ -137,11 +137,14 @@ class Scheduler:
         return min(self._max_prefill_tokens, max(budget, first_in_line.num_uncomputed_tokens))
 
     def _admit(self, chunks: dict[Request, ScheduledChunk], budget: int) -> None:
-        """Start waiting requests, best priority first, while budget, slots and blocks last.
+        """Start waiting requests, best priority first, while budget, slots and blocks last
+        (a probe needs no free slot).
         A request still collecting prompt log-probabilities reuses no cached prefix: it must
         compute every prompt position."""
-        while self._waiting and budget > 0 and len(self.running) < self.max_running:
+        while self._waiting and budget > 0:
             request = self._waiting[0][1]
+            if len(self.running) >= self.max_running and not request.spec.probe:
+                return
             if not request.block_table.block_ids and not request.needs_prompt_logprobs:
                 request.num_computed_tokens = self.block_manager.reuse_prefix(
                     request.block_table, request.all_token_ids)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -85,9 +86,10 @@ class ManagementServicer(sb_grpc.ManagementServicer):
         engine = self.served.ready_engine()
         remaining = context.time_remaining()
         timeout_s = min(remaining if remaining is not None else PROBE_TIMEOUT_S, MAX_TIMEOUT_S)
-        spec = build_request(f"probe-{uuid.uuid4().hex}", engine.encode(PROBE_PROMPT),
-                             {"max_new_tokens": 1, "priority": 1, "timeout": timeout_s,
-                              "do_sample": False}, engine.limits)
+        spec = dataclasses.replace(build_request(
+            f"probe-{uuid.uuid4().hex}", engine.encode(PROBE_PROMPT),
+            {"max_new_tokens": 1, "timeout": timeout_s, "do_sample": False}, engine.limits),
+            probe=True)
         async with contextlib.aclosing(engine.generate(spec)) as events:
             async for _ in events:
                 pass

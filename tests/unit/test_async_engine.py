@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -123,6 +124,21 @@ def test_too_many_requests_in_flight_is_overloaded() -> None:
             assert (await task)[-1].finish_reason is FinishReason.LENGTH
         outputs = await collect(engine.generate(make_request("c", "c", max_new_tokens=1)))
         assert outputs[-1].finish_reason is FinishReason.LENGTH
+
+    run_with_engine(scenario, make_core(runner), max_unfinished=2)
+
+
+def test_a_probe_is_not_refused_when_too_many_requests_are_in_flight() -> None:
+    runner = FakeRunner(gate=threading.Event())
+
+    async def scenario(engine: AsyncEngine) -> None:
+        tasks = await start_blocked(engine, runner, ["a", "b"])
+        probe = asyncio.create_task(collect(engine.generate(dataclasses.replace(
+            make_request("probe", "p", max_new_tokens=1), probe=True))))
+        runner.gate.set()
+        assert (await probe)[-1].finish_reason is FinishReason.LENGTH
+        for task in tasks:
+            await task
 
     run_with_engine(scenario, make_core(runner), max_unfinished=2)
 

@@ -276,6 +276,24 @@ def test_running_requests_never_exceed_max_running() -> None:
     assert all(text(outputs[name]) == "abcd" for name in "abcde")
 
 
+def test_a_probe_runs_at_once_past_max_running_and_ahead_of_waiting_requests() -> None:
+    """MindIE's /health/timed must not report a busy server broken."""
+    runner = RecordingRunner()
+    core = make_core(runner, max_running=2)
+    for name in "abc":
+        core.add(make_request(name, name, max_new_tokens=6))
+    outputs: Outputs = defaultdict(list)
+    step(core, outputs)
+    core.add(dataclasses.replace(make_request("probe", "p", max_new_tokens=1), probe=True))
+    step(core, outputs)
+    assert [chunk.request_id for chunk in runner.steps[-1]] == ["a", "b", "probe"]
+    assert outputs["probe"][-1].finish_reason is FinishReason.LENGTH
+    assert [request.request_id for request in core.scheduler.waiting()] == ["c"]
+    run(core, runner, outputs)
+    assert max(len(chunks) for chunks in runner.steps) == 3
+    assert all(text(outputs[name]) == "abcdef" for name in "abc")
+
+
 PREFIX = letters(range(12))  # three full blocks
 
 
