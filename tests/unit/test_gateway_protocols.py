@@ -280,6 +280,13 @@ def test_set_parameters_converts_priority_and_timeout_and_skips_nulls() -> None:
     assert set_parameters(pb.ModelInferRequest().parameters, {"seed": 1}) == 600.0 + UPSTREAM_GRACE_S
 
 
+def test_a_timeout_under_a_microsecond_is_one_not_the_default() -> None:
+    """gRPC's timeout 0 means the default (600 s): 1e-7 s must not become it."""
+    request = pb.ModelInferRequest()
+    set_parameters(request.parameters, {"timeout": 1e-7})
+    assert request.parameters["timeout"].int64_param == 1
+
+
 @pytest.mark.parametrize(("name", "value"), [
     ("priority", 0), ("priority", 6), ("priority", "1"), ("priority", True), ("priority", 2.0),
     ("timeout", 0), ("timeout", -1), ("timeout", "10"), ("timeout", True), ("timeout", float("nan")),
