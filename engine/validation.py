@@ -74,22 +74,22 @@ INT_RANGES: dict[str, Interval] = {
     "n": Interval(1, MAX_SEQUENCES),
     "best_of": Interval(1, MAX_SEQUENCES),
     "truncate": Interval(1, INT32_MAX),
+    "batch_size": Interval(1, INT32_MAX),  # MindIE's; checked, without effect (below)
 }
 # MindIE's documented seed range: its protocols refuse 0.
 MINDIE_SEED_RANGE = Interval(1, UINT64_MAX)
 # OpenAI's range for a token's logit bias.
 LOGIT_BIAS_RANGE = Interval(-100.0, 100.0)
 BOOL_PARAMS = ("do_sample", "watermark", "ignore_eos", "logprobs", "prompt_logprobs",
-               "include_stop_str_in_output", "skip_special_tokens")
-# Accepted for compatibility with MindIE's text interface; they change nothing in generation.
-IGNORED_PARAMS = frozenset({"details", "perf_stat", "batch_size"})
+               "include_stop_str_in_output", "skip_special_tokens",
+               "details", "perf_stat")  # MindIE's; checked, without effect on generation
 # Present with one of these, and without do_sample, the request samples (MindIE: do_sample
 # "absent → decided by the other parameters").
 SAMPLING_HINTS = ("temperature", "top_k", "top_p", "typical_p", "min_p")
 # Structured output (vLLM's names): at most one per request.
 PATTERN_PARAMS = ("guided_json", "guided_regex", "guided_choice")
 SUPPORTED_PARAMS = frozenset(FLOAT_RANGES) | frozenset(INT_RANGES) | frozenset(BOOL_PARAMS) \
-    | IGNORED_PARAMS | frozenset(PATTERN_PARAMS) \
+    | frozenset(PATTERN_PARAMS) \
     | {"stop", "stop_token_ids", "logit_bias", "allowed_token_ids"}
 
 

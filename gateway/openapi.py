@@ -158,7 +158,7 @@ PARAMETERS: dict[str, JSON] = {
     "guided_choice": array(TEXT, minItems=1),
     "priority": integer(1, 5),
     "timeout": number(0, MAX_TIMEOUT_S, low_open=True), "watermark": only(False, BOOLEAN),
-    "details": BOOLEAN, "perf_stat": BOOLEAN, "batch_size": integer(0),
+    "details": BOOLEAN, "perf_stat": BOOLEAN, "batch_size": integer(1, INT32_MAX),
 }
 TGI_PARAMETERS: dict[str, JSON] = {
     "best_of": SEQUENCES, "decoder_input_details": BOOLEAN, "details": BOOLEAN,

@@ -256,6 +256,20 @@ def test_compatibility_parameters_are_accepted_and_change_nothing() -> None:
     assert request == build({"seed": 9})
 
 
+@pytest.mark.parametrize(("name", "value", "reason"), [
+    ("batch_size", 0, "must be in [1, 2147483647]; got 0"),
+    ("batch_size", -1, "must be in [1, 2147483647]; got -1"),
+    ("batch_size", "x", 'must be an integer in [1, 2147483647]; got "x"'),
+    ("perf_stat", "yes", 'must be true or false; got "yes"'),
+    ("details", 1, "must be true or false; got 1"),
+])
+def test_compatibility_parameters_are_checked_all_the_same(name: str, value: object,
+                                                           reason: str) -> None:
+    """MindIE's batch_size is in (0, INT32_MAX]; details and perf_stat are booleans."""
+    error = rejection({name: value})
+    assert (error.field, error.reason) == (name, reason)
+
+
 def test_newer_parameters_default_to_changing_nothing() -> None:
     sampling = build().sampling
     assert (sampling.presence_penalty, sampling.frequency_penalty, sampling.min_new_tokens,
