@@ -190,16 +190,29 @@ OPENAI_COMMON: dict[str, JSON] = {
                            "continuous_usage_stats": nullable(BOOLEAN)}),
     "logit_bias": {"type": "object", "additionalProperties": LOGIT_BIAS},
     # OpenAI's forms, and TGI's ("json" or "regex" with a value).
-    "response_format": obj({
-        "type": {"type": "string",
-                 "enum": ["text", "json_object", "json_schema", "json", "regex"]},
-        "json_schema": obj({"name": STRING, "description": STRING, "schema": {"type": "object"},
-                            "strict": nullable(BOOLEAN)}, ["schema"]),
-        "value": {}}, ["type"]),
-    # Accepted, without effect.
+    "response_format": {"oneOf": [
+        obj({"type": {"type": "string", "enum": ["text", "json_object"]}}, ["type"]),
+        obj({"type": only("json_schema", STRING), "json_schema": obj({
+            "name": STRING, "description": STRING, "schema": {"type": "object"},
+            "strict": nullable(BOOLEAN)}, ["schema"])}, ["type", "json_schema"]),
+        obj({"type": {"type": "string", "enum": ["json", "regex", "json_schema"]},
+             "value": {}}, ["type", "value"])]},
+    # vLLM's: one of them.
+    "structured_outputs": obj({"json": {"oneOf": [{"type": "object"}, STRING]}, "regex": STRING,
+                               "choice": array(TEXT, minItems=1),
+                               "json_object": only(True, BOOLEAN)}, closed=True),
+    # Accepted with any value, without effect.
     "user": STRING, "store": BOOLEAN, "metadata": {"type": "object"}, "service_tier": STRING,
     "prompt_cache_key": STRING, "prompt_cache_retention": STRING, "safety_identifier": STRING,
-    "parallel_tool_calls": BOOLEAN,
+    "parallel_tool_calls": BOOLEAN, "reasoning_effort": STRING, "verbosity": STRING,
+    "prediction": {"type": "object"}, "guided_decoding_backend": STRING,
+    # Accepted at the values that change nothing (null, or the one listed).
+    "modalities": array(only("text", STRING), minItems=1, maxItems=1), "audio": NULL,
+    "web_search_options": NULL, "functions": array({}, maxItems=0),
+    "function_call": only("none", STRING), "use_beam_search": only(False, BOOLEAN),
+    "length_penalty": only(1, {"type": "number"}),
+    "spaces_between_special_tokens": only(True, BOOLEAN), "priority": only(0, integer()),
+    "cache_salt": NULL, "vllm_xargs": NULL, "bad_words": array(STRING, maxItems=0),
 }
 TEXT_PART = obj({"type": only("text", STRING), "text": STRING}, ["type", "text"])
 MESSAGE = obj({"role": {"type": "string",
@@ -257,8 +270,9 @@ REQUESTS: dict[str, JSON] = {
     "ChatCompletionRequest": obj({
         **optional(OPENAI_COMMON), "messages": array(MESSAGE, minItems=1),
         **optional({"max_completion_tokens": MAX_NEW_TOKENS, "logprobs": BOOLEAN,
-                    "top_logprobs": TOP_LOGPROBS, "tools": array({}, maxItems=0),
-                    "tool_choice": only("none", STRING)}),
+                    "top_logprobs": TOP_LOGPROBS,
+                    # Tools are ignored with tool_choice "none", and refused without it.
+                    "tools": array({"type": "object"}), "tool_choice": only("none", STRING)}),
     }, ["messages"], closed=True),
     "ResponsesRequest": obj({
         **optional({**{name: schema for name, schema in OPENAI_SAMPLING.items() if name != "n"},
@@ -270,7 +284,7 @@ REQUESTS: dict[str, JSON] = {
                         obj({"type": only("json_schema", STRING), "name": STRING,
                              "schema": {"type": "object"}, "strict": nullable(BOOLEAN)},
                             ["type", "schema"])]}}),
-                    "tools": array({}, maxItems=0), "tool_choice": {"enum": ["none", "auto"]},
+                    "tools": array({"type": "object"}), "tool_choice": {"enum": ["none", "auto"]},
                     "include": array(only("message.output_text.logprobs", STRING)),
                     "top_logprobs": TOP_LOGPROBS,
                     "truncation": only("disabled", STRING), "store": BOOLEAN,

@@ -51,15 +51,29 @@ SAMPLING_FIELDS = frozenset({"temperature", "top_p", "n", "stop", "seed", "prese
                              "guided_choice"})
 # `model` values meaning the served model (see the module's docstring).
 SERVED_MODEL_PLACEHOLDERS = frozenset({"tgi", "dummy"})
-# Accepted and without effect here (OpenAI's bookkeeping fields).
+# Accepted with any value and without effect here: OpenAI's bookkeeping fields; and on chat
+# and completions, hints that a model without reasoning answers the same without (predicted
+# outputs only make answering faster) and vLLM's choice of structured-output backend.
 IGNORED_FIELDS = frozenset({"user", "store", "metadata", "service_tier", "parallel_tool_calls",
                             "prompt_cache_key", "prompt_cache_retention", "safety_identifier"})
-CHAT_FIELDS = SAMPLING_FIELDS | IGNORED_FIELDS | {
-    "model", "messages", "max_tokens", "max_completion_tokens", "logprobs", "top_logprobs",
-    "stream", "stream_options", "tools", "tool_choice", "response_format", "logit_bias"}
-COMPLETION_FIELDS = SAMPLING_FIELDS | IGNORED_FIELDS | {
-    "model", "prompt", "max_tokens", "logprobs", "echo", "best_of", "stream", "stream_options",
-    "suffix", "logit_bias", "response_format"}
+IGNORED_HINTS = frozenset({"reasoning_effort", "verbosity", "prediction",
+                           "guided_decoding_backend"})
+# OpenAI's and vLLM's options accepted at the values that change nothing (null always does),
+# as SDKs and frameworks send them; other values are refused as not supported.
+NEUTRAL_VALUES: dict[str, tuple[object, ...]] = {
+    "modalities": (["text"],), "audio": (), "web_search_options": (), "functions": ([],),
+    "function_call": ("none",), "use_beam_search": (False,), "length_penalty": (1, 1.0),
+    "spaces_between_special_tokens": (True,), "priority": (0,), "cache_salt": (),
+    "vllm_xargs": (), "bad_words": ([],)}
+ACCEPTED_FIELDS = SAMPLING_FIELDS | IGNORED_FIELDS | IGNORED_HINTS | set(NEUTRAL_VALUES) | {
+    "model", "max_tokens", "logprobs", "stream", "stream_options", "logit_bias",
+    "response_format", "structured_outputs"}
+CHAT_FIELDS = ACCEPTED_FIELDS | {"messages", "max_completion_tokens", "top_logprobs", "tools",
+                                 "tool_choice"}
+COMPLETION_FIELDS = ACCEPTED_FIELDS | {"prompt", "echo", "best_of", "suffix"}
+# vLLM's structured_outputs keys → the server's pattern parameters.
+STRUCTURED_OUTPUTS = {"json": "guided_json", "regex": "guided_regex", "choice": "guided_choice",
+                      "json_object": "guided_json"}
 FINISH_REASONS = {"length": "length", "eos_token": "stop", "stop_sequence": "stop",
                   "stopped": "stop"}
 HTTP_STATUS = {
@@ -124,8 +138,9 @@ def chat_request_to_pb(document: object) -> tuple[list[Call], OpenAIOptions]:
         if older is not None else UNLIMITED
     logprobs = optional_bool(document, "logprobs")
     values.update(logprobs=logprobs, top_logprobs=document.get("top_logprobs"))
-    names = add_output_format("response_format", document.get("response_format"), values,
-                              CHAT_NAMES_NEW_MAX if newer is not None else CHAT_NAMES)
+    names = add_structured_outputs(document.get("structured_outputs"), values, add_output_format(
+        "response_format", document.get("response_format"), values,
+        CHAT_NAMES_NEW_MAX if newer is not None else CHAT_NAMES))
     request, deadline_s = generate_request(requested_model(document), chat_messages(messages),
                                            values, names=names)
     return [Call(request, None)], _options(document, "chat.completion", logprobs, False,
@@ -147,8 +162,8 @@ def completion_request_to_pb(document: object) -> tuple[list[Call], OpenAIOption
     top = document.get("logprobs")
     if top is not None:
         values.update(logprobs=True, top_logprobs=top)
-    names = add_output_format("response_format", document.get("response_format"), values,
-                              COMPLETION_NAMES)
+    names = add_structured_outputs(document.get("structured_outputs"), values, add_output_format(
+        "response_format", document.get("response_format"), values, COMPLETION_NAMES))
     calls = []
     deadline_s = 0.0
     for prompt in prompts:
@@ -166,17 +181,55 @@ def completion_request_to_pb(document: object) -> tuple[list[Call], OpenAIOption
 def checked_document(document: object, fields: frozenset[str]) -> dict[str, object]:
     document = require_object(document, "the body")
     refuse_unknown(document, fields)
+    for name, neutral in NEUTRAL_VALUES.items():
+        value = document.get(name)
+        if value is not None and not any(_same(value, each) for each in neutral):
+            accepted = " or ".join(["null", *(json.dumps(each) for each in neutral)])
+            raise bad_request(name, f"is not supported: only {accepted} is accepted; got "
+                              f"{json.dumps(value)}")
     return document
+
+
+def _same(value: object, neutral: object) -> bool:
+    """Equal as JSON values (true is not 1)."""
+    return isinstance(value, bool) == isinstance(neutral, bool) and value == neutral
 
 
 def refuse_tool_calls(document: Mapping[str, object], choices_without_tools: Sequence[str]
                       ) -> None:
-    """Tools and a tool_choice other than those meaning none are refused: the served model
-    calls no tools."""
-    if document.get("tools"):
-        raise bad_request("tools", "tool calling is not supported")
-    if document.get("tool_choice") not in (None, *choices_without_tools):
+    """A tool_choice other than those meaning none is refused, and so are tools unless
+    tool_choice is "none", which ignores them (as vLLM does): the served model calls no
+    tools."""
+    choice = document.get("tool_choice")
+    if choice not in (None, *choices_without_tools):
         raise bad_request("tool_choice", "tool calling is not supported")
+    if document.get("tools") and choice != "none":
+        raise bad_request("tools", 'tool calling is not supported (with tool_choice "none" '
+                          'the tools are ignored)')
+
+
+def add_structured_outputs(value: object, values: dict[str, object],
+                           names: Mapping[str, str]) -> Mapping[str, str]:
+    """vLLM's structured_outputs, which replaced its guided_* fields: {"json": schema},
+    {"regex": expression}, {"choice": [...]} or {"json_object": true}, as the server's pattern
+    parameter; returns `names` with errors about it naming the key used."""
+    if value is None:
+        return names
+    given = {key: item for key, item in require_object(value, "structured_outputs").items()
+             if item is not None}
+    if len(given) != 1 or not set(given) <= STRUCTURED_OUTPUTS.keys():
+        raise bad_request("structured_outputs", "must hold one of " + ", ".join(
+            STRUCTURED_OUTPUTS) + f"; got {json.dumps(sorted(given))}")
+    [(key, item)] = given.items()
+    field, parameter = f"structured_outputs.{key}", STRUCTURED_OUTPUTS[key]
+    if key == "json_object":
+        if item is not True:
+            raise bad_request(field, f"must be true; got {json.dumps(item)}")
+        item = {"type": "object"}
+    if values.get(parameter) is not None:
+        raise bad_request(field, "asks for a second output format")
+    values[parameter] = json_text(item) if parameter == "guided_json" else item
+    return {**names, field: parameter}
 
 
 def requested_model(document: Mapping[str, object]) -> str:

@@ -714,7 +714,8 @@ def test_chat_max_tokens_zero_is_not_unlimited() -> None:
     ({"tool_choice": "auto"}, "tool_choice"),
     ({"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
     ({"logit_bias": [1]}, "logit_bias"),
-    ({"functions": []}, "functions"),
+    ({"frobnicate": 1}, "frobnicate"),
+    ({"functions": [{"name": "f"}]}, "functions"),
     ({"echo": True}, "echo"),
     ({"stream_options": {"include_usage": True}}, "stream_options"),
     ({"stream": False, "stream_options": {"include_usage": True}}, "stream_options"),
@@ -723,7 +724,7 @@ def test_chat_max_tokens_zero_is_not_unlimited() -> None:
     ({"logprobs": 1}, "logprobs"),
     ({"model": 7}, "model"),
 ], ids=["max-string", "max-float", "tools", "tool-choice", "response-format", "logit-bias",
-        "unknown", "completions-only", "options-without-stream", "options-stream-false",
+        "unknown", "functions", "completions-only", "options-without-stream", "options-stream-false",
         "options-string", "include-usage-int", "logprobs-int", "model-int"])
 def test_chat_refusals_name_the_field(fields, field) -> None:
     assert refused(chat, **fields).field == field
@@ -764,6 +765,63 @@ def test_vllms_guided_extras_travel_as_they_are() -> None:
     values = params(call.request)
     assert (json.loads(values["guided_choice"]), values["guided_regex"],
             json.loads(values["guided_json"])) == (["yes", "no"], "a+", SCHEMA)
+
+
+@pytest.mark.parametrize("structured_outputs, expected", [
+    ({"json": SCHEMA}, {"guided_json": SCHEMA}),
+    ({"regex": "a+", "grammar": None}, {"guided_regex": "a+"}),
+    ({"choice": ["yes", "no"]}, {"guided_choice": ["yes", "no"]}),
+    ({"json_object": True}, {"guided_json": {"type": "object"}}),
+], ids=["json", "regex", "choice", "json-object"])
+@pytest.mark.parametrize("translate", [chat, completion], ids=["chat", "completion"])
+def test_vllms_structured_outputs_travel_as_the_servers_pattern_parameter(
+        translate, structured_outputs, expected) -> None:
+    """vLLM's current field; its guided_* fields were removed in v0.12."""
+    [call], _ = translate(structured_outputs=structured_outputs)
+    assert {name: json.loads(value) if name != "guided_regex" else value
+            for name, value in params(call.request).items()
+            if name.startswith("guided_")} == expected
+
+
+@pytest.mark.parametrize("fields, field", [
+    ({"structured_outputs": {"grammar": "root ::= x"}}, "structured_outputs"),
+    ({"structured_outputs": {"json": SCHEMA, "regex": "a"}}, "structured_outputs"),
+    ({"structured_outputs": {"json_object": False}}, "structured_outputs.json_object"),
+    ({"structured_outputs": {"regex": "a"}, "guided_regex": "b"}, "structured_outputs.regex"),
+    ({"structured_outputs": "json"}, "structured_outputs"),
+], ids=["grammar", "two", "json-object-false", "twice", "not-object"])
+def test_structured_outputs_refusals_name_the_field(fields, field) -> None:
+    assert refused(chat, **fields).field == field
+
+
+@pytest.mark.parametrize("fields", [
+    {"reasoning_effort": None, "verbosity": "low", "prediction": {"type": "content",
+                                                                  "content": "x"}},
+    {"modalities": ["text"], "audio": None, "web_search_options": None, "functions": [],
+     "function_call": "none"},
+    {"use_beam_search": False, "length_penalty": 1, "spaces_between_special_tokens": True,
+     "priority": 0, "cache_salt": None, "vllm_xargs": None, "bad_words": [],
+     "guided_decoding_backend": "xgrammar"},
+    {"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "none"},
+], ids=["openai-hints", "openai-neutral", "vllm-neutral", "tools-with-none"])
+def test_fields_that_change_nothing_here_are_accepted(fields) -> None:
+    """As SDKs, frameworks and vLLM's own clients send them: they translate as if absent."""
+    [call], _ = chat(**fields)
+    [plain], _ = chat()
+    assert params(call.request) == params(plain.request)
+
+
+@pytest.mark.parametrize("fields, field", [
+    ({"modalities": ["text", "audio"]}, "modalities"),
+    ({"use_beam_search": True}, "use_beam_search"),
+    ({"use_beam_search": 0}, "use_beam_search"),
+    ({"cache_salt": "tenant-a"}, "cache_salt"),
+    ({"bad_words": ["x"]}, "bad_words"),
+    ({"priority": -1}, "priority"),
+], ids=["audio-out", "beam", "beam-int", "cache-salt", "bad-words", "priority"])
+def test_fields_with_an_effect_not_supported_are_refused(fields, field) -> None:
+    error = refused(chat, **fields)
+    assert error.field == field and "is not supported: only null" in error.message
 
 
 @pytest.mark.parametrize("grammar, expected", [
