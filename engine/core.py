@@ -343,12 +343,14 @@ class EngineCore:
                 finish: FinishReason | None, timings: RequestTimings | None,
                 decoded: str) -> RequestOutput:
         """The event for what a request produced: text is emitted up to the held-back tail
-        that could still start a stop string, all of it once finished."""
+        that could still grow into a stop string, all of it once finished (and at once with
+        include_stop_str_in_output, whose stop string is part of the text)."""
         sampling = request.spec.sampling
         first_token = bool(new_token_ids) and len(request.output_token_ids) == 1
         prompt_logprobs = (None, *request.prompt_logprobs) \
             if sampling.prompt_logprobs and first_token else ()
-        held_back = 0 if finish is not None else max(map(len, sampling.stop), default=1) - 1
+        held_back = 0 if finish is not None or sampling.include_stop_str_in_output \
+            else _partial_stop_length(request.text, sampling.stop)
         emit_to = max(request.num_emitted_chars, len(request.text) - held_back)
         delta = request.text[request.num_emitted_chars:emit_to]
         request.num_emitted_chars = emit_to
@@ -402,3 +404,15 @@ class EngineCore:
             seed=request.spec.sampling.seed,
             error=error,
         )
+
+
+def _partial_stop_length(text: str, stops: tuple[str, ...]) -> int:
+    """The length of the longest end of `text` that begins one of `stops` (one complete in
+    it has already ended the request)."""
+    longest = 0
+    for stop in stops:
+        for size in range(min(len(stop) - 1, len(text)), longest, -1):
+            if text.endswith(stop[:size]):
+                longest = size
+                break
+    return longest

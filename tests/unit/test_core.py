@@ -77,18 +77,26 @@ def test_include_stop_str_in_output_keeps_the_stop_string(stop: tuple[str, ...],
     assert outputs[-1].finish_reason is FinishReason.STOP
 
 
-def test_text_that_may_start_a_stop_string_is_held_back_until_it_cannot() -> None:
+@pytest.mark.parametrize(("stop", "include", "seen"), [
+    # "c", then "cd", may become "cde"; nothing else may.
+    (("cde",), False, ["a", "ab", "ab", "ab", "abcdx", "abcdxy", "abcdxyw"]),
+    # A long stop string holds back only what begins it (it used to freeze the stream).
+    (("zzzzzzzzzzzzzzzzzzzzzzzzzzzzzz", "cde"), False,
+     ["a", "ab", "ab", "ab", "abcdx", "abcdxy", "abcdxyw"]),
+    (("dxz",), False, ["a", "ab", "abc", "abc", "abc", "abcdxy", "abcdxyw"]),
+    # The stop string would be part of the text: nothing to hold back.
+    (("cde",), True, ["a", "ab", "abc", "abcd", "abcdx", "abcdxy", "abcdxyw"]),
+])
+def test_text_that_may_grow_into_a_stop_string_is_held_back_until_it_cannot(
+        stop: tuple[str, ...], include: bool, seen: list[str]) -> None:
     core = make_core(FakeRunner(scripts={"p": "abcdxyw"}))
-    core.add(make_request("r", "p", max_new_tokens=7, stop=("cde",)))
+    core.add(make_request("r", "p", max_new_tokens=7, stop=stop,
+                          include_stop_str_in_output=include))
     outputs = run(core)["r"]
     emitted = [""]
     for text in texts(outputs):
         emitted.append(emitted[-1] + text)
-    emitted = emitted[1:]  # what the client has seen after each event
-    assert all("abcdxyw".startswith(seen) for seen in emitted)
-    assert "c" not in emitted[2] and "c" not in emitted[3]  # "c", then "cd" may become "cde"
-    assert emitted[5].startswith("abcd")  # released within len("cde") - 1 characters of "x"
-    assert emitted[-1] == "abcdxyw"
+    assert emitted[1:] == seen  # what the client has seen after each event
     assert outputs[-1].finish_reason is FinishReason.LENGTH
 
 
@@ -306,12 +314,12 @@ def test_a_stopped_request_ends_with_stopped_and_its_held_back_text_and_frees_it
     core.add(make_request("r", "p", max_new_tokens=7, stop=("cde",)))
     core.add(make_request("other", "q", max_new_tokens=4))
     seen = [output for _ in range(3) for output in core.step() if output.request_id == "r"]
-    assert "".join(texts(seen)) == "a"  # "bc" is held back: it may start "cde"
+    assert "".join(texts(seen)) == "ab"  # "c" is held back: it may start "cde"
     core.stop("r")
     outputs = core.step()
     [last] = [output for output in outputs if output.request_id == "r"]
     assert last.finish_reason is FinishReason.STOPPED
-    assert (last.new_token_ids, last.text, last.num_generated_tokens) == ((), "bc", 3)
+    assert (last.new_token_ids, last.text, last.num_generated_tokens) == ((), "c", 3)
     assert [output.request_id for output in outputs if output.request_id != "r"] == ["other"]
     assert run(core)["r"] == []
     assert core.stats().num_free_blocks == free_at_start
