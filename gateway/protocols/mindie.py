@@ -11,6 +11,8 @@ MindIE's), the last with `generated_text` and, when asked for, `details`.
 
 from __future__ import annotations
 
+from http import HTTPStatus
+
 import grpc
 
 from gateway.errors import bad_request
@@ -115,4 +117,6 @@ def tokenize_reply(response: sb.TokenizeResponse, decode: bool) -> dict[str, obj
 
 
 def error_body(status: int, message: str) -> dict[str, object]:
-    return {"error": message, "error_type": ERROR_TYPES.get(status, "Incomplete Generation")}
+    """MindIE's envelope: its documented types, else the status's reason phrase, as most of
+    its types are (a wrong method is no "Incomplete Generation", its type for a 500)."""
+    return {"error": message, "error_type": ERROR_TYPES.get(status, HTTPStatus(status).phrase)}

@@ -62,11 +62,11 @@ def set_parameters(target: Mapping[str, pb.InferParameter], values: Mapping[str,
                 raise bad_request("timeout", f"must be a number of seconds in "
                                   f"(0, {MAX_DEADLINE_S:g}]; got {json.dumps(value)}")
             # Out-of-range timeouts are the server's to refuse; they only must fit on the way,
-            # and the call's deadline must stay within what gRPC's clock can hold. Rounded up:
-            # under 1 us, 0 would mean the default.
+            # and the call's deadline must stay within what gRPC's clock can hold. At least
+            # 1 us: 0 would mean the default.
             capped = min(value, INT64_MAX // MICROSECONDS)
             timeout_s = float(min(capped, MAX_DEADLINE_S))
-            target[name].int64_param = min(math.ceil(capped * MICROSECONDS), INT64_MAX)
+            target[name].int64_param = min(max(1, round(capped * MICROSECONDS)), INT64_MAX)
         else:
             target[name].CopyFrom(to_parameter(name, value))
     return timeout_s + UPSTREAM_GRACE_S

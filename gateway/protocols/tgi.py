@@ -59,7 +59,8 @@ HTTP_STATUS = {
     grpc.StatusCode.UNAUTHENTICATED: 503,
     grpc.StatusCode.PERMISSION_DENIED: 503,
 }
-ERROR_TYPES = {400: "validation", 413: "validation", 415: "validation", 422: "validation",
+ERROR_TYPES = {400: "validation", 405: "validation", 413: "validation", 415: "validation",
+               422: "validation",
                429: "overloaded", 424: "generation", 503: "healthcheck", 504: "timeout",
                404: "not_found"}
 # The processes that validate requests before they queue (TGI's router: 2 by default).

@@ -120,6 +120,7 @@ def test_tokenizer_request_and_reply() -> None:
 @pytest.mark.parametrize(("status", "error_type"), [
     (400, "Bad Request"), (404, "NotFoundError"), (422, "Input Validation Error"),
     (424, "Generation Error"), (500, "Incomplete Generation"), (503, "Service Unavailable"),
+    (405, "Method Not Allowed"), (504, "Gateway Timeout"),
 ])
 def test_error_envelope_types_by_status(status: int, error_type: str) -> None:
     assert mindie.error_body(status, "m") == {"error": "m", "error_type": error_type}

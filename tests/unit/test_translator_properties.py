@@ -366,7 +366,8 @@ def test_mindie_parameters_round_trip(inputs: str, request_id: str, temperature:
     assert (request.text, request.id, streamed, detailed) == (inputs, request_id, stream, details)
     assert deadline_s == timeout + UPSTREAM_GRACE_S
     assert decoded(request) == {**parameters, "stop": _as_list(stop),
-                                "timeout": round(timeout * MICROSECONDS)}
+                                # at least 1 us: gRPC's 0 means the default
+                                "timeout": max(1, round(timeout * MICROSECONDS))}
 
 
 @ROUND_TRIP
