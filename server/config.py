@@ -127,10 +127,10 @@ def read_config_file(path: Path) -> dict[str, object]:
         settings[name] = value
         if name in HOST_SETTINGS and value in ALL_ZERO_ADDRESSES:
             all_zero_keys.append(key)
-    if all_zero_keys and not settings.pop("allow_all_zero_ip_listening", False):
+    all_zero_allowed = settings.pop("allow_all_zero_ip_listening", False)
+    if all_zero_keys and not all_zero_allowed:
         raise ConfigError(f"config file {path}: {', '.join(all_zero_keys)} listens on every "
                           f"interface, which needs allowAllZeroIpListening set to true")
-    settings.pop("allow_all_zero_ip_listening", None)
     for name in PATH_SETTINGS & settings.keys():
         if isinstance(settings[name], str):
             settings[name] = path.parent / settings[name]
