@@ -239,10 +239,9 @@ def _attend_grouped(queries: torch.Tensor, keys: torch.Tensor, values: torch.Ten
                     mask: torch.Tensor | None) -> torch.Tensor:
     """One query per sequence, [B, 1, H, D]: the H // Hkv query heads that share a K/V head
     attend as that head's rows ([B, Hkv, H // Hkv, D]), one pass over each K/V head instead of
-    one per query head. Used on a CPU (see `PagedRunner`), SmolLM2 on 2 cores: steps of 16
-    float32 decodes took 2-4% less than with `enable_gqa`; one decode, the same. In bf16 it
-    lost on an Intel Xeon with bf16 units (int4 steps of 64 decodes took 93 ms against 89) and
-    won by 5x on an AMD Zen 3 without them (1.9 ms a layer against 9.7 for 64 decodes)."""
+    one per query head. Used on a CPU where it was measured faster (see
+    `PagedRunner._measure_query_grouping`): SmolLM2 on 2 Zen 3 cores, steps of 16 float32
+    decodes took 2-4% less than with `enable_gqa`; one decode, the same."""
     batch, _, heads, head_dim = queries.shape
     kv_heads = keys.shape[1]
     grouped = queries.reshape(batch, kv_heads, heads // kv_heads, head_dim)

@@ -43,8 +43,8 @@ from engine.attention import AttentionBatch, paged_attention
 from engine.decode_graphs import DecodeGraphs
 from engine.host_memory import release_free_heap
 from engine.measured_choice import (FP32_PACKINGS, MeasuredChoice, MklPacked, OneDnnPacked,
-                                    Product, fastest_overall, one_after_another,
-                                    onednn_multiplies_bf16, transposed_product)
+                                    Product, fastest_in_turns, fastest_overall,
+                                    one_after_another, transposed_product)
 from engine.quantization import (DenseCopy, QuantizationPlan, QuantizedEmbedding,
                                  QuantizedProjection, QuantizedWeight, RefinedHead, Scratch)
 
@@ -60,6 +60,8 @@ MEASURED_BYTES = 128 * 2**20
 # rows, decoding at PROBE_CONTEXT tokens, each the best of PROBE_ROUNDS.
 FEW_ROW_PLAIN_ROLES = ("qkv", "o_proj", "down")
 FEW_ROW_PROBES = (1, 4, 8, 16)
+# The numbers of decoding sequences whose attention `_measure_query_grouping` times.
+GROUPING_PROBES = (1, 16, 64)
 PROBE_CONTEXT = 128
 PROBE_ROUNDS = 3
 Layer = TypeVar("Layer")
@@ -236,8 +238,8 @@ class PagedRunner:
         # One slot past the pool's: padding rows of a static decode batch write there.
         self._cache_shape = (len(self._layers), capacity + 1, self._num_kv_heads, self._head_dim)
         self._cache_dtype = torch.bfloat16 if dense_copy is not None else dtype
-        self._groups_queries = device.type == "cpu" and (
-            self._cache_dtype == torch.float32 or not onednn_multiplies_bf16())
+        # Measured at the warm-up on a CPU (see `_measure_query_grouping`).
+        self._groups_queries = False
         self._k_cache: torch.Tensor | None = None
         self._v_cache: torch.Tensor | None = None
         self._decode_graphs = DecodeGraphs(
@@ -279,6 +281,8 @@ class PagedRunner:
         SmolLM2's int4 server peaked at 1.58 GiB while loading with its fp16 copies made at
         construction, at 1.12 without them."""
         gc.collect()
+        if self._device.type == "cpu":
+            self._measure_query_grouping()
         if self._few_row_layers is not None:
             self._measure_few_rows()
         if self._dense_copy is not None:
@@ -367,7 +371,7 @@ class PagedRunner:
         peak RSS at 64 streams went from 1.57-1.63 GiB to 1.84). With the gate/up projections
         unpacked too, a lone row took 28.7 ms, but that would be 212 MB more, past 2 GiB; with
         only those three, and no packed copies of them, 16 rows took 3% longer."""
-        probes = self._probe_batches()
+        probes = self._probe_batches(FEW_ROW_PROBES)
         self._few_rows = MeasuredChoice().measure_in_turns(
             partial(setattr, self, "_few_rows", MeasuredChoice.first_always()),
             partial(setattr, self, "_few_rows", MeasuredChoice.second_always()),
@@ -379,10 +383,39 @@ class PagedRunner:
         if self._few_rows.second_never_faster:
             self._few_row_layers = None
 
-    def _probe_batches(self) -> dict[int, AttentionBatch]:
-        """The steps `_measure_few_rows` times, by rows, over a KV cache of their own: so
-        many sequences decoding at PROBE_CONTEXT tokens, all reading the same blocks (their
-        values do not matter)."""
+    @torch.inference_mode()
+    def _measure_query_grouping(self) -> None:
+        """Whether decoding sequences attend grouped (see `attention._attend_grouped`) rather
+        than through SDPA's `enable_gqa`: whichever was faster over GROUPING_PROBES, timed as
+        a step's layers attend, before the pool is allocated. Measured by processor and KV
+        dtype, 64 int4 decodes at ~120 tokens (bf16 KV): on an AMD Zen 5 (AVX-512 with bf16)
+        grouped took a step of 62 ms against 139, one decode 7.4 ms against 8.2; on an
+        Intel Xeon with AMX, it lost (93 ms against 89); on an AMD Zen 3 (AVX2, no bf16
+        arithmetic) it won 5x on attention (1.9 ms a layer against 9.7)."""
+        probes = self._probe_batches(GROUPING_PROBES)
+
+        def attend(probe: tuple[AttentionBatch, torch.Tensor, torch.Tensor]) -> None:
+            batch, queries, new_keys = probe
+            for layer in range(len(self._layers)):
+                paged_attention(queries, new_keys, new_keys, self._k_cache[layer],
+                                self._v_cache[layer], batch, groups_queries=self._groups_queries)
+
+        inputs = [(batch,
+                   torch.randn(rows, self._num_heads, self._head_dim, dtype=self._cache_dtype),
+                   torch.randn(rows, self._num_kv_heads, self._head_dim, dtype=self._cache_dtype))
+                  for rows, batch in probes.items()]
+        self._groups_queries = fastest_in_turns(
+            (partial(setattr, self, "_groups_queries", False),
+             partial(setattr, self, "_groups_queries", True)),
+            attend, inputs, PROBE_ROUNDS) == 1
+        self._k_cache = self._v_cache = None
+        logger.info("decoding sequences attend %s (timed at the warm-up)",
+                    "grouped by K/V head" if self._groups_queries else "through SDPA's GQA")
+
+    def _probe_batches(self, probe_rows: Sequence[int]) -> dict[int, AttentionBatch]:
+        """Steps of `probe_rows` rows for the load-time measurements, over a KV cache of their
+        own: so many sequences decoding at PROBE_CONTEXT tokens, all reading the same blocks
+        (their values do not matter)."""
         block_ids = list(range(PROBE_CONTEXT // self._block_size + 1))
         shape = (self._cache_shape[0], len(block_ids) * self._block_size,
                  *self._cache_shape[2:])
@@ -392,7 +425,7 @@ class PagedRunner:
                     [SequenceChunk(str(row), [0], PROBE_CONTEXT, block_ids, samples=True)
                      for row in range(rows)],
                     self._block_size, self._device, self._sliding_window)
-                for rows in FEW_ROW_PROBES}
+                for rows in probe_rows}
 
     def _measure_dense(self) -> None:
         """Whether the dense form beats PyTorch's packed kernels, by rows, timed over the
