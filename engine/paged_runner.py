@@ -325,6 +325,9 @@ class PagedRunner:
                               (mlp, ("gate_proj", "up_proj", "down_proj"))):
             for name in names:
                 delattr(module, name)
+        # The heap the layer's transient copies took goes back now, not after the last layer:
+        # glibc kept it, and SmolLM2's int4 load peaked at 1.54 GiB instead of 1.19.
+        release_free_heap()
         return fused, few_rows
 
     @staticmethod
