@@ -132,6 +132,10 @@ def build_request(request_id: str, prompt_token_ids: Sequence[int],
         raise InvalidRequest("n", "several sequences need sampling (do_sample): greedy "
                              "decoding would repeat one")
     requested = ints["max_new_tokens"] or DEFAULT_MAX_NEW_TOKENS
+    if ints["max_new_tokens"] is not None and (ints["min_new_tokens"] or 0) > requested:
+        # As vLLM refuses min_tokens past max_tokens; absent, the default does not count.
+        raise InvalidRequest("min_new_tokens", f"must not exceed the most new tokens asked for "
+                             f"({requested}); got {ints['min_new_tokens']}")
     sampling = SamplingParams(
         do_sample=do_sample,
         # A drawn seed is in every protocol's range, so that any of them can send it back.

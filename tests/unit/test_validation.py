@@ -187,6 +187,16 @@ def test_max_new_tokens_is_capped_by_the_limits(prompt_length: int, requested: i
     assert request.sampling.max_new_tokens == expected
 
 
+def test_min_new_tokens_past_the_max_asked_for_is_rejected_naming_it() -> None:
+    error = rejection({"max_new_tokens": 5, "min_new_tokens": 6})
+    assert error.field == "min_new_tokens"
+    assert "must not exceed the most new tokens asked for (5); got 6" in error.reason
+    assert build({"max_new_tokens": 5, "min_new_tokens": 5}).sampling.min_new_tokens == 5
+    # Past the default max_new_tokens (20) or a cap of the limits, it is not refused.
+    assert build({"min_new_tokens": 25}).sampling.min_new_tokens == 25
+    assert build({"max_new_tokens": 1000, "min_new_tokens": 40}).sampling.min_new_tokens == 40
+
+
 def test_empty_prompt_is_rejected() -> None:
     error = rejection(prompt=[])
     assert error.field == "prompt"
