@@ -208,12 +208,14 @@ class ModelsHandler(OpenAIHandler):
     async def get(self, model: str | None = None) -> None:
         names = await self.model_names()
         created = int(time.time())
-        if model is None:
-            self.write_json(openai.models_json(names, created))
-        elif model in names:
-            self.write_json(openai.model_json(model, created))
-        else:
+        if model is not None and model not in names:
             raise RequestError(404, f"the model {model!r} does not exist", "model")
+        _, parameters = await self.served_model_parameters()
+        max_model_len = int(parameters["max_seq_len"]) if "max_seq_len" in parameters else None
+        if model is None:
+            self.write_json(openai.models_json(names, created, max_model_len))
+        else:
+            self.write_json(openai.model_json(model, created, max_model_len))
 
 
 class DetokenizeHandler(OpenAIHandler):

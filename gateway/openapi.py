@@ -410,7 +410,9 @@ REPLIES: dict[str, JSON] = {
     "VllmText": obj({"prompt": STRING}, ["prompt"]),
     "Version": obj({"version": STRING}, ["version"]),
     "Model": obj({"id": STRING, "object": only("model", STRING), "created": integer(0),
-                  "owned_by": STRING}, ["id", "object", "created", "owned_by"]),
+                  "owned_by": STRING, "root": STRING, "parent": nullable(STRING),
+                  "max_model_len": nullable(integer(1))},
+                 ["id", "object", "created", "owned_by"]),
     "ModelList": obj({"object": only("list", STRING), "data": array(ref("Model"))},
                      ["object", "data"]),
     "ChatCompletion": obj({

@@ -453,12 +453,18 @@ def usage_chunk(generations: list[Generation], options: OpenAIOptions) -> dict[s
     return {**_header(options, obj), "choices": [], "usage": usage(generations)}
 
 
-def models_json(model_names: list[str], created: int) -> dict[str, object]:
-    return {"object": "list", "data": [model_json(name, created) for name in model_names]}
+def models_json(model_names: list[str], created: int, max_model_len: int | None
+                ) -> dict[str, object]:
+    return {"object": "list",
+            "data": [model_json(name, created, max_model_len) for name in model_names]}
 
 
-def model_json(name: str, created: int) -> dict[str, object]:
-    return {"id": name, "object": "model", "created": created, "owned_by": "switchboard"}
+def model_json(name: str, created: int, max_model_len: int | None) -> dict[str, object]:
+    """OpenAI's model object with vLLM's additions: `root` (the model served under this name:
+    the name itself, as no path is given out), `parent` (null: not a LoRA adapter) and
+    `max_model_len` (maxSeqLen, prompt and output tokens together)."""
+    return {"id": name, "object": "model", "created": created, "owned_by": "switchboard",
+            "root": name, "parent": None, "max_model_len": max_model_len}
 
 
 def error_body(status: int, message: str, param: str | None) -> dict[str, object]:

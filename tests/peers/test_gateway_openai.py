@@ -209,6 +209,9 @@ def test_models_list_and_retrieve(client) -> None:
     assert MODEL in [model.id for model in models.data]
     model = client.models.retrieve(MODEL)
     assert (model.id, model.object) == (MODEL, "model")
+    # vLLM's additions, which clients read for the context length: maxSeqLen by default.
+    assert (model.root, model.parent, model.max_model_len) == (MODEL, None, 2560)
+    assert models.data[0].max_model_len == 2560
     with pytest.raises(openai.NotFoundError) as refused:
         client.models.retrieve("no-such-model")
     assert refused.value.status_code == 404

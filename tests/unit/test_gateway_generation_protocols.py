@@ -1193,12 +1193,15 @@ def test_usage_chunk() -> None:
 
 # --- OpenAI: models and errors -----------------------------------------------------------------
 
-def test_models_json() -> None:
-    assert openai.models_json(["a", "b"], 1700000000) == {"object": "list", "data": [
-        {"id": "a", "object": "model", "created": 1700000000, "owned_by": "switchboard"},
-        {"id": "b", "object": "model", "created": 1700000000, "owned_by": "switchboard"}]}
-    assert openai.model_json("a", 5) == {"id": "a", "object": "model", "created": 5,
-                                         "owned_by": "switchboard"}
+def test_models_json_has_vllms_root_parent_and_max_model_len() -> None:
+    assert openai.models_json(["a", "b"], 1700000000, 2560) == {"object": "list", "data": [
+        {"id": "a", "object": "model", "created": 1700000000, "owned_by": "switchboard",
+         "root": "a", "parent": None, "max_model_len": 2560},
+        {"id": "b", "object": "model", "created": 1700000000, "owned_by": "switchboard",
+         "root": "b", "parent": None, "max_model_len": 2560}]}
+    assert openai.model_json("a", 5, None) == {"id": "a", "object": "model", "created": 5,
+                                               "owned_by": "switchboard", "root": "a",
+                                               "parent": None, "max_model_len": None}
 
 
 @pytest.mark.parametrize("status, error_type", [
