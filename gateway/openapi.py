@@ -169,8 +169,8 @@ TGI_PARAMETERS: dict[str, JSON] = {
     "watermark": only(False, BOOLEAN), "top_n_tokens": TOP_LOGPROBS,
     "grammar": obj({"type": {"type": "string", "enum": ["json", "regex", "json_schema"]},
                     "value": {}}, ["type", "value"]),
-    # Refused unless null.
-    "adapter_id": only(None, STRING),
+    # Refused unless null or "None" (MindIE's examples): the model itself.
+    "adapter_id": only("None", STRING),
 }
 # OpenAI's sampling fields and vLLM's extras; temperature 0 is greedy.
 OPENAI_SAMPLING: dict[str, JSON] = {

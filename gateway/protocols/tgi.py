@@ -46,8 +46,11 @@ GENERATION_PARAMETERS = frozenset({"best_of", "do_sample", "max_new_tokens", "re
                                    "top_p", "typical_p", "watermark", "truncate", "top_n_tokens",
                                    "decoder_input_details"})
 RENDERING_PARAMETERS = frozenset({"details", "return_full_text"})
-UNSUPPORTED = {"adapter_id": "LoRA adapters are not supported"}
+# adapter_id values that name no LoRA adapter: MindIE's own TGI examples send "None".
+NO_ADAPTER = (None, "None")
 FORMAT_PARAMETERS = frozenset({"grammar"})  # structured output (see add_output_format)
+PARAMETERS = (GENERATION_PARAMETERS | RENDERING_PARAMETERS | FORMAT_PARAMETERS
+              | {"adapter_id"})
 HTTP_STATUS = {
     grpc.StatusCode.INVALID_ARGUMENT: 422,
     grpc.StatusCode.NOT_FOUND: 404,
@@ -123,11 +126,10 @@ def generate_request_to_pb(document: object, stream: bool | None
     raw = document.get("parameters")
     # TGI: with no `parameters` at all, sampling is on (its default_parameters()).
     parameters = dict(require_object(raw, "parameters")) if raw is not None else {"do_sample": True}
-    for name, reason in UNSUPPORTED.items():
-        if parameters.get(name) is not None:
-            raise bad_request(name, reason)
-    refuse_unknown(parameters, GENERATION_PARAMETERS | RENDERING_PARAMETERS | FORMAT_PARAMETERS
-                   | set(UNSUPPORTED), "parameter")
+    if parameters.get("adapter_id") not in NO_ADAPTER:
+        raise bad_request("adapter_id", "LoRA adapters are not supported (null or \"None\": "
+                          "the model itself)")
+    refuse_unknown(parameters, PARAMETERS, "parameter")
     options = TgiOptions(
         stream=stream,
         details=optional_bool(parameters, "details"),

@@ -294,6 +294,13 @@ def test_generation_orders_sequences_by_index_whatever_the_arrival() -> None:
 
 # --- TGI: requests -----------------------------------------------------------------------------
 
+@pytest.mark.parametrize("adapter_id", [None, "None"])
+def test_tgi_adapter_id_null_or_none_as_mindies_examples_send_it_means_the_model(
+        adapter_id: str | None) -> None:
+    request, _ = tgi_request({"max_new_tokens": 2, "adapter_id": adapter_id})
+    assert params(request) == {"max_new_tokens": 2, "logprobs": True}
+
+
 def test_tgi_request_translates_parameters() -> None:
     request, options = tgi_request({
         "max_new_tokens": 20, "temperature": 0.7, "top_k": 40, "top_p": 0.9, "seed": 3,

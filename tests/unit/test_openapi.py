@@ -127,8 +127,7 @@ def test_request_parameters_have_the_engines_ranges(name: str) -> None:
 @pytest.mark.parametrize(("schema", "fields"), [
     ("ChatCompletionRequest", openai.CHAT_FIELDS),
     ("CompletionRequest", openai.COMPLETION_FIELDS),
-    ("TgiParameters", tgi.GENERATION_PARAMETERS | tgi.RENDERING_PARAMETERS
-     | tgi.FORMAT_PARAMETERS | set(tgi.UNSUPPORTED)),
+    ("TgiParameters", tgi.PARAMETERS),
 ])
 def test_request_fields_are_those_the_translator_reads(schema: str, fields: frozenset[str]) -> None:
     """A field the translator reads but the document lacks would be refused by a client that
