@@ -43,7 +43,7 @@ INTS = st.integers() | EDGE_INTS
 TEXT = st.text(max_size=12)
 # Field names of every protocol, so that arbitrary objects reach the translators' branches.
 KNOWN_KEYS = sorted(
-    tgi.GENERATION_PARAMETERS | tgi.RENDERING_PARAMETERS | set(tgi.UNSUPPORTED)
+    (tgi.PARAMETERS - tgi.FORMAT_PARAMETERS)
     | openai.CHAT_FIELDS | openai.COMPLETION_FIELDS | vllm.SAMPLING_FIELDS
     | {"inputs", "input_id", "prompt", "parameters", "stream", "id", "text_input", "timeout",
        "priority", "skip_special_tokens", "do_decode", "name", "datatype", "shape", "data",
@@ -62,7 +62,7 @@ VALUES = st.one_of(EDGE_INTS, EDGE_FLOATS, st.lists(INTS | EDGE_FLOATS, max_size
 # Valid bodies, and the fields each protocol knows (where they live in the body).
 TGI_BODY = {"inputs": "Hello", "parameters": {"max_new_tokens": 8, "temperature": 0.7,
                                               "stop": ["\n"], "seed": 1, "details": True}}
-TGI_PARAMETERS = tgi.GENERATION_PARAMETERS | tgi.RENDERING_PARAMETERS | set(tgi.UNSUPPORTED)
+TGI_PARAMETERS = (tgi.PARAMETERS - tgi.FORMAT_PARAMETERS)
 CHAT_BODY = {"model": "m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8,
              "temperature": 0.5}
 COMPLETION_BODY = {"model": "m", "prompt": "Once", "max_tokens": 8}
