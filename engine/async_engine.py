@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.block_manager import BlockManager
-from engine.chat import ChatMessage, render_chat
+from engine.chat import ChatPrompt, render_chat
 from engine.config import EngineConfig, EngineLimits
 from engine.core import EngineCore, EngineStats
 from engine.errors import EngineDead, InvalidRequest, Overloaded
@@ -187,12 +187,12 @@ class AsyncEngine:
                                    return_offsets_mapping=True)
         return encoding.input_ids, [tuple(span) for span in encoding.offset_mapping]
 
-    def render_chat(self, messages: Sequence[ChatMessage]) -> str:
+    def render_chat(self, prompt: ChatPrompt) -> str:
         """The conversation as the chat template writes it (see `chat.py`)."""
-        return render_chat(self._tokenizer, messages)
+        return render_chat(self._tokenizer, prompt)
 
-    def encode_chat(self, messages: Sequence[ChatMessage]) -> list[int]:
-        return self._tokenizer(self.render_chat(messages), add_special_tokens=False).input_ids
+    def encode_chat(self, prompt: ChatPrompt) -> list[int]:
+        return self._tokenizer(self.render_chat(prompt), add_special_tokens=False).input_ids
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self._tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)

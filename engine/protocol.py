@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
 
 from engine.async_engine import ModelInfo
-from engine.chat import ChatMessage
+from engine.chat import ChatPrompt
 from engine.config import EngineLimits
 from engine.core import EngineStats
 from engine.params import GenerationRequest
@@ -25,9 +25,9 @@ class EngineClient(Protocol):
     def encode_with_spans(self, text: str, add_special_tokens: bool = True
                           ) -> tuple[list[int], list[tuple[int, int]]]: ...
 
-    def render_chat(self, messages: Sequence[ChatMessage]) -> str: ...
+    def render_chat(self, prompt: ChatPrompt) -> str: ...
 
-    def encode_chat(self, messages: Sequence[ChatMessage]) -> list[int]: ...
+    def encode_chat(self, prompt: ChatPrompt) -> list[int]: ...
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...
 

@@ -218,6 +218,11 @@ TEXT_PART = obj({"type": only("text", STRING), "text": STRING}, ["type", "text"]
 MESSAGE = obj({"role": {"type": "string",
                         "enum": ["system", "developer", "user", "assistant", "tool"]},
                "content": nullable({"oneOf": [STRING, array(TEXT_PART)]})}, ["role"])
+# vLLM's options of the chat template's rendering: more template variables; where it ends
+# (continue_final_message needs add_generation_prompt false and an assistant's last message).
+CHAT_TEMPLATE_OPTIONS: dict[str, JSON] = {
+    "chat_template_kwargs": {"type": "object"}, "add_generation_prompt": BOOLEAN,
+    "continue_final_message": BOOLEAN}
 # Triton's vLLM backend interface's inputs beside text_input (a JSON value, or an array of one).
 VLLM_BACKEND_INPUTS: dict[str, JSON] = {
     name: BOOLEAN if datatype == "BOOL" else STRING for name, datatype in CONTROL_INPUTS.items()}
@@ -272,7 +277,8 @@ REQUESTS: dict[str, JSON] = {
         **optional({"max_completion_tokens": MAX_NEW_TOKENS, "logprobs": BOOLEAN,
                     "top_logprobs": TOP_LOGPROBS,
                     # Tools are ignored with tool_choice "none", and refused without it.
-                    "tools": array({"type": "object"}), "tool_choice": only("none", STRING)}),
+                    "tools": array({"type": "object"}), "tool_choice": only("none", STRING),
+                    **CHAT_TEMPLATE_OPTIONS}),
     }, ["messages"], closed=True),
     "ResponsesRequest": obj({
         **optional({**{name: schema for name, schema in OPENAI_SAMPLING.items() if name != "n"},
@@ -321,8 +327,8 @@ REQUESTS: dict[str, JSON] = {
         obj({"model": STRING, "prompt": STRING, "add_special_tokens": BOOLEAN,
              "return_token_strs": BOOLEAN}, ["prompt"], closed=True),
         obj({"model": STRING, "messages": array(MESSAGE, minItems=1),
-             "add_special_tokens": only(False, BOOLEAN),
-             "add_generation_prompt": only(True, BOOLEAN), "return_token_strs": BOOLEAN},
+             "add_special_tokens": only(False, BOOLEAN), "return_token_strs": BOOLEAN,
+             **optional(CHAT_TEMPLATE_OPTIONS)},
             ["messages"], closed=True)]},
     "VllmDetokenizeRequest": obj({"model": STRING, "tokens": array(TOKEN_ID)}, ["tokens"],
                                  closed=True),

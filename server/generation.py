@@ -4,13 +4,14 @@ log-probabilities, which KServe v2's tensors have no place for."""
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import uuid
 from collections.abc import AsyncIterator, Sequence
 
 import grpc
 
-from engine.chat import ChatMessage
+from engine.chat import ChatMessage, ChatPrompt
 from engine.errors import EngineError, InvalidRequest
 from engine.params import GenerationRequest
 from engine.protocol import EngineClient
@@ -54,7 +55,7 @@ class GenerationServicer(sb_grpc.GenerationServicer):
         engine = self.served.named_engine(request.model_name)
         response = sb.TokenizeResponse(max_sequence_length=engine.limits.max_seq_len)
         if request.WhichOneof("prompt") == "messages":
-            response.templated_text = engine.render_chat(_chat_messages(request.messages))
+            response.templated_text = engine.render_chat(chat_prompt(request.messages))
             ids, spans = engine.encode_with_spans(response.templated_text,
                                                   add_special_tokens=False)
         else:
@@ -76,8 +77,22 @@ class GenerationServicer(sb_grpc.GenerationServicer):
                                                         skip_special_tokens=False))
 
 
-def _chat_messages(messages: sb.ChatMessages) -> list[ChatMessage]:
-    return [ChatMessage(role=m.role, content=m.content) for m in messages.messages]
+def chat_prompt(messages: sb.ChatMessages) -> ChatPrompt:
+    variables = {}
+    if messages.template_variables_json:
+        try:
+            variables = json.loads(messages.template_variables_json)
+        except json.JSONDecodeError as error:
+            raise InvalidRequest("chat_template_kwargs", f"is not JSON: {error}") from None
+        if not isinstance(variables, dict):
+            raise InvalidRequest("chat_template_kwargs", "must be an object of template "
+                                 f"variables; got {type(variables).__name__}")
+    return ChatPrompt(
+        messages=[ChatMessage(role=m.role, content=m.content) for m in messages.messages],
+        template_variables=variables,
+        add_generation_prompt=(messages.add_generation_prompt
+                               if messages.HasField("add_generation_prompt") else True),
+        continue_final_message=messages.continue_final_message)
 
 
 def _prompt_token_ids(engine: EngineClient, request: sb.GenerateRequest) -> list[int]:
@@ -87,7 +102,7 @@ def _prompt_token_ids(engine: EngineClient, request: sb.GenerateRequest) -> list
     if kind == "token_ids":
         return list(request.token_ids.ids)
     if kind == "messages":
-        return engine.encode_chat(_chat_messages(request.messages))
+        return engine.encode_chat(chat_prompt(request.messages))
     raise InvalidRequest("prompt", "is missing: send text, token_ids or messages")
 
 

@@ -68,8 +68,11 @@ NEUTRAL_VALUES: dict[str, tuple[object, ...]] = {
 ACCEPTED_FIELDS = SAMPLING_FIELDS | IGNORED_FIELDS | IGNORED_HINTS | set(NEUTRAL_VALUES) | {
     "model", "max_tokens", "logprobs", "stream", "stream_options", "logit_bias",
     "response_format", "structured_outputs"}
-CHAT_FIELDS = ACCEPTED_FIELDS | {"messages", "max_completion_tokens", "top_logprobs", "tools",
-                                 "tool_choice"}
+# vLLM's options of the chat template's rendering (see `chat_messages`).
+TEMPLATE_FIELDS = frozenset({"chat_template_kwargs", "add_generation_prompt",
+                             "continue_final_message"})
+CHAT_FIELDS = ACCEPTED_FIELDS | TEMPLATE_FIELDS | {"messages", "max_completion_tokens",
+                                                   "top_logprobs", "tools", "tool_choice"}
 COMPLETION_FIELDS = ACCEPTED_FIELDS | {"prompt", "echo", "best_of", "suffix"}
 # vLLM's structured_outputs keys → the server's pattern parameters.
 STRUCTURED_OUTPUTS = {"json": "guided_json", "regex": "guided_regex", "choice": "guided_choice",
@@ -141,8 +144,8 @@ def chat_request_to_pb(document: object) -> tuple[list[Call], OpenAIOptions]:
     names = add_structured_outputs(document.get("structured_outputs"), values, add_output_format(
         "response_format", document.get("response_format"), values,
         CHAT_NAMES_NEW_MAX if newer is not None else CHAT_NAMES))
-    request, deadline_s = generate_request(requested_model(document), chat_messages(messages),
-                                           values, names=names)
+    request, deadline_s = generate_request(requested_model(document),
+                                           chat_messages(messages, document), values, names=names)
     return [Call(request, None)], _options(document, "chat.completion", logprobs, False,
                                            deadline_s, names)
 
@@ -278,8 +281,12 @@ def _options(document: Mapping[str, object], kind: str, logprobs: bool, echo: bo
                          deadline_s=deadline_s, names=names)
 
 
-def chat_messages(messages: list[object]) -> sb.ChatMessages:
-    """OpenAI's messages (string or text-part contents), roles checked by the server."""
+def chat_messages(messages: list[object], options: Mapping[str, object]) -> sb.ChatMessages:
+    """OpenAI's messages (string or text-part contents), roles checked by the server, to be
+    rendered as vLLM's TEMPLATE_FIELDS in `options` say: `chat_template_kwargs` (an object of
+    more template variables), `add_generation_prompt` (true: end with the opening of the
+    assistant's turn) and `continue_final_message` (end inside the last message). The server
+    checks their combination."""
     result = sb.ChatMessages()
     for index, message in enumerate(messages):
         where = f"messages[{index}]"
@@ -288,6 +295,13 @@ def chat_messages(messages: list[object]) -> sb.ChatMessages:
         if not isinstance(role, str):
             raise bad_request(f"{where}.role", f"must be a string; got {json_type(role)}")
         result.messages.add(role=role, content=message_text(message.get("content"), where))
+    variables = options.get("chat_template_kwargs")
+    if variables is not None:
+        result.template_variables_json = json.dumps(
+            require_object(variables, "chat_template_kwargs"), ensure_ascii=False)
+    if options.get("add_generation_prompt") is not None:
+        result.add_generation_prompt = optional_bool(options, "add_generation_prompt")
+    result.continue_final_message = optional_bool(options, "continue_final_message")
     return result
 
 

@@ -7,7 +7,8 @@ texts so far, each followed by a newline (JSON lines), as vLLM's api_server.py s
 
 And vLLM's tokenizer routes (those of its OpenAI server): POST /tokenize with `prompt` (a text;
 `add_special_tokens`, default true) or `messages` (OpenAI's, rendered with the chat template,
-which writes the special tokens) answers `{"count", "max_model_len", "tokens", "token_strs"}`,
+which writes the special tokens, as `chat_template_kwargs`, `add_generation_prompt` and
+`continue_final_message` say) answers `{"count", "max_model_len", "tokens", "token_strs"}`,
 `token_strs` the vocabulary's strings of the tokens (`"Ġthe"`) when `return_token_strs` asks for
 them, else null; POST /detokenize with `tokens` answers `{"prompt"}`, special tokens included. GET
 /version answers `{"version"}`: the model server's.
@@ -24,7 +25,7 @@ from gateway.protocols.generation import (Generation, generate_request,
                                           optional_bool, renamed)
 from gateway.protocols.kserve import (optional_string, refuse_unknown, require_object,
                                       required_string)
-from gateway.protocols.openai import chat_messages
+from gateway.protocols.openai import TEMPLATE_FIELDS, chat_messages
 from gateway.protocols.parameters import UINT32_MAX, json_type
 from gateway.protocols.tgi import HTTP_STATUS as TGI_HTTP_STATUS
 from proto import switchboard_pb2 as sb
@@ -74,7 +75,7 @@ def tokenize_request_to_pb(document: object) -> tuple[sb.TokenizeRequest, bool]:
     """The request, and whether the reply gives the tokens' vocabulary strings."""
     document = require_object(document, "the body")
     refuse_unknown(document, {"model", "prompt", "messages", "add_special_tokens",
-                              "add_generation_prompt", "return_token_strs"})
+                              "return_token_strs", *TEMPLATE_FIELDS})
     request = sb.TokenizeRequest(model_name=optional_string(document, "model"))
     token_strs = optional_bool(document, "return_token_strs")
     # vLLM's defaults: true for a prompt; false for messages, whose template writes them.
@@ -87,10 +88,7 @@ def tokenize_request_to_pb(document: object) -> tuple[sb.TokenizeRequest, bool]:
         if add_special_tokens:
             raise bad_request("add_special_tokens", "must be false with messages: the chat "
                               "template writes the special tokens")
-        if not optional_bool(document, "add_generation_prompt", True):
-            raise bad_request("add_generation_prompt", "must be true: the chat is rendered "
-                              "up to the assistant's turn")
-        request.messages.CopyFrom(chat_messages(messages))
+        request.messages.CopyFrom(chat_messages(messages, document))
         return request, token_strs
     request.text = required_string(document, "prompt")
     if document.get("add_special_tokens") is not None:

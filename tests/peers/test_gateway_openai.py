@@ -135,6 +135,22 @@ def test_chat_completion_answers_paris(greedy_chat) -> None:
     assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
 
 
+def test_an_assistants_started_answer_is_continued(client, greedy_chat) -> None:
+    """vLLM's continue_final_message: the answer goes on from the last message's text, here
+    the start of the answer the model gives by itself; template variables the template does
+    not read change nothing (SmolLM2's does not read Qwen3's enable_thinking)."""
+    started = [*QUESTION, {"role": "assistant", "content": FRANCE}]
+    reply = client.chat.completions.create(
+        model=MODEL, messages=started, temperature=0, max_tokens=1,
+        extra_body={"add_generation_prompt": False, "continue_final_message": True,
+                    "chat_template_kwargs": {"enable_thinking": False}})
+    assert reply.choices[0].message.content == " Paris"
+    assert reply.usage.prompt_tokens > greedy_chat.usage.prompt_tokens
+    with pytest.raises(openai.BadRequestError, match="continue_final_message"):
+        client.chat.completions.create(model=MODEL, messages=started, max_tokens=1,
+                                       extra_body={"continue_final_message": True})
+
+
 def test_response_format_json_schema_gives_json_that_follows_it(client) -> None:
     schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
                                                "is_capital": {"type": "boolean"}},

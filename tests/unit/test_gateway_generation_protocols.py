@@ -1356,6 +1356,24 @@ def test_vllm_tokenize_of_messages() -> None:
         "messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
         "add_generation_prompt": True, "add_special_tokens": False})
     assert [(m.role, m.content) for m in request.messages.messages] == [("user", "Hi")]
+    assert request.messages.add_generation_prompt
+
+
+@pytest.mark.parametrize("translate", [
+    lambda options: vllm.tokenize_request_to_pb(options)[0].messages,
+    lambda options: openai.chat_request_to_pb(options)[0][0].request.messages,
+], ids=["tokenize", "chat"])
+def test_vllms_chat_template_options_travel_with_the_messages(translate) -> None:
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hel"}]
+    rendered = translate({"messages": messages, "add_generation_prompt": False,
+                          "continue_final_message": True,
+                          "chat_template_kwargs": {"enable_thinking": False, "name": "Zoë"}})
+    assert not rendered.add_generation_prompt and rendered.continue_final_message
+    assert json.loads(rendered.template_variables_json) == {"enable_thinking": False,
+                                                            "name": "Zoë"}
+    plain = translate({"messages": messages})
+    assert not plain.HasField("add_generation_prompt") and not plain.continue_final_message
+    assert plain.template_variables_json == ""
 
 
 @pytest.mark.parametrize("body, field", [
@@ -1364,8 +1382,10 @@ def test_vllm_tokenize_of_messages() -> None:
     ({"messages": "Hi"}, "messages"),
     ({"messages": [{"role": "user", "content": "Hi"}], "add_special_tokens": True},
      "add_special_tokens"),
-    ({"messages": [{"role": "user", "content": "Hi"}], "add_generation_prompt": False},
+    ({"messages": [{"role": "user", "content": "Hi"}], "add_generation_prompt": "no"},
      "add_generation_prompt"),
+    ({"messages": [{"role": "user", "content": "Hi"}], "chat_template_kwargs": []},
+     "chat_template_kwargs"),
     ({"messages": [{"content": "Hi"}]}, "messages[0].role"),
     ({"prompt": "Hi", "return_token_strs": 1}, "return_token_strs"),
 ])

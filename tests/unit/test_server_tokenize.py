@@ -1,17 +1,21 @@
 """server.generation's Tokenize of chat messages, with a fake engine: the templated text is the
 text the engine's chat template wrote, and the ids and spans are those of tokenizing it with
 no special tokens added. The real tokenizer's answers are in
-tests/integration/test_generation_service.py."""
+tests/integration/test_generation_service.py. And the chat prompt's options as the server
+reads them."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
 
-from engine.chat import ChatMessage
+import pytest
+
+from engine.chat import ChatMessage, ChatPrompt
 from engine.config import EngineLimits
+from engine.errors import InvalidRequest
 from proto import switchboard_pb2 as sb
-from server.generation import GenerationServicer
+from server.generation import GenerationServicer, chat_prompt
 from server.served_model import ServedModel
 
 MODEL = "m"
@@ -26,7 +30,7 @@ class CharacterEngine:
     is_healthy = True
     limits = LIMITS
 
-    def render_chat(self, messages: Sequence[ChatMessage]) -> str:
+    def render_chat(self, prompt: ChatPrompt) -> str:
         return TEMPLATED
 
     def encode_with_spans(self, text: str, add_special_tokens: bool = True
@@ -52,3 +56,22 @@ def test_chat_tokens_are_those_of_the_templated_text_with_their_spans_in_it() ->
     assert list(response.ids) == [ord(character) for character in TEMPLATED]
     assert [(span.start, span.stop) for span in response.spans] == \
         [(i, i + 1) for i in range(len(TEMPLATED))]
+
+
+def test_the_chat_prompts_options_arrive_as_the_client_set_them() -> None:
+    messages = [sb.ChatMessage(role="user", content="Hi")]
+    assert chat_prompt(sb.ChatMessages(messages=messages)) == \
+        ChatPrompt([ChatMessage("user", "Hi")])
+    assert chat_prompt(sb.ChatMessages(
+        messages=messages, template_variables_json='{"enable_thinking": false}',
+        add_generation_prompt=False, continue_final_message=True)) == ChatPrompt(
+            [ChatMessage("user", "Hi")], {"enable_thinking": False},
+            add_generation_prompt=False, continue_final_message=True)
+
+
+@pytest.mark.parametrize("variables", ["[1]", "{", '"x"'])
+def test_template_variables_that_are_not_a_json_object_are_refused(variables: str) -> None:
+    with pytest.raises(InvalidRequest) as refused:
+        chat_prompt(sb.ChatMessages(messages=[sb.ChatMessage(role="user", content="Hi")],
+                                    template_variables_json=variables))
+    assert refused.value.field == "chat_template_kwargs"
