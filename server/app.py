@@ -38,6 +38,11 @@ SHUTDOWN_GRACE_S = 5.0
 # A forced stop (MindIE's /stopService?mode=Force, which kills its processes after 5 s) lets
 # the requests in flight run this long at most.
 FORCED_STOP_S = 5.0
+# The largest message the server takes or sends (gRPC's default, 4 MiB, failed a chat request
+# of a few MB through the gateway as RESOURCE_EXHAUSTED, which clients read as "overloaded"
+# and retry): the gateway's channel allows as much, past its 64 MiB body limit; Triton's
+# server allows 2 GiB.
+MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 
 
 def package_version() -> str:
@@ -63,7 +68,10 @@ class Server:
         self._credentials = None if config.tls is None else ReloadableCredentials(config.tls)
         revocation = [] if config.tls is None or config.tls.crl_file is None else [
             RevocationInterceptor(lambda: self._credentials.revoked_serial_numbers)]
-        self._grpc = grpc.aio.server(interceptors=revocation)
+        self._grpc = grpc.aio.server(
+            interceptors=revocation,
+            options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)])
         self._engine: AsyncEngine | None = None
         self.port: int | None = None
         # Set by SIGTERM / SIGINT or by a StopService call that has drained the server.

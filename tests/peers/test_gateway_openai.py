@@ -151,6 +151,15 @@ def test_an_assistants_started_answer_is_continued(client, greedy_chat) -> None:
                                        extra_body={"continue_final_message": True})
 
 
+def test_a_request_of_megabytes_within_the_body_limit_is_served(client) -> None:
+    """Past gRPC's default message size (4 MiB) between the gateway and the server; it was
+    failed as overloaded (503), which clients retry."""
+    reply = client.chat.completions.create(
+        model=MODEL, messages=QUESTION, max_tokens=1,
+        extra_body={"chat_template_kwargs": {"unused": "x" * 5_000_000}})
+    assert reply.usage.completion_tokens == 1
+
+
 def test_response_format_json_schema_gives_json_that_follows_it(client) -> None:
     schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
                                                "is_capital": {"type": "boolean"}},
