@@ -131,16 +131,23 @@ def build_request(request_id: str, prompt_token_ids: Sequence[int],
     if n > 1 and not do_sample:
         raise InvalidRequest("n", "several sequences need sampling (do_sample): greedy "
                              "decoding would repeat one")
-    requested = ints["max_new_tokens"] or DEFAULT_MAX_NEW_TOKENS
-    if ints["max_new_tokens"] is not None and (ints["min_new_tokens"] or 0) > requested:
-        # As vLLM refuses min_tokens past max_tokens; absent, the default does not count.
+    min_new_tokens = ints["min_new_tokens"] or 0
+    # Without max_new_tokens, as many as min_new_tokens asks for where the default is fewer.
+    requested = ints["max_new_tokens"] or max(DEFAULT_MAX_NEW_TOKENS, min_new_tokens)
+    if min_new_tokens > requested:
+        # As vLLM refuses min_tokens past max_tokens.
         raise InvalidRequest("min_new_tokens", f"must not exceed the most new tokens asked for "
-                             f"({requested}); got {ints['min_new_tokens']}")
+                             f"({requested}); got {min_new_tokens}")
+    max_new_tokens = min(requested, limits.max_iter_times, limits.max_seq_len - len(prompt))
+    if min_new_tokens > max_new_tokens:
+        raise InvalidRequest("min_new_tokens", f"must not exceed {max_new_tokens}, the most "
+                             "new tokens this prompt can have (maxIterTimes, maxSeqLen less the "
+                             f"prompt); got {min_new_tokens}")
     sampling = SamplingParams(
         do_sample=do_sample,
         # A drawn seed is in every protocol's range, so that any of them can send it back.
         seed=secrets.randbelow(UINT64_MAX) + 1 if ints["seed"] is None else ints["seed"],
-        max_new_tokens=min(requested, limits.max_iter_times, limits.max_seq_len - len(prompt)),
+        max_new_tokens=max_new_tokens,
         temperature=floats["temperature"] or 1.0,
         top_k=ints["top_k"] or 0,
         top_p=floats["top_p"] or 1.0,
@@ -153,7 +160,7 @@ def build_request(request_id: str, prompt_token_ids: Sequence[int],
         include_stop_str_in_output=bool(bools["include_stop_str_in_output"]),
         stop_token_ids=_token_ids(parameters, "stop_token_ids", limits) or frozenset(),
         ignore_eos=bool(bools["ignore_eos"]),
-        min_new_tokens=ints["min_new_tokens"] or 0,
+        min_new_tokens=min_new_tokens,
         logprobs=(ints["top_logprobs"] or 0) if bools["logprobs"] else None,
         n=n,
         best_of=best_of,

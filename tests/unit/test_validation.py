@@ -192,9 +192,21 @@ def test_min_new_tokens_past_the_max_asked_for_is_rejected_naming_it() -> None:
     assert error.field == "min_new_tokens"
     assert "must not exceed the most new tokens asked for (5); got 6" in error.reason
     assert build({"max_new_tokens": 5, "min_new_tokens": 5}).sampling.min_new_tokens == 5
-    # Past the default max_new_tokens (20) or a cap of the limits, it is not refused.
-    assert build({"min_new_tokens": 25}).sampling.min_new_tokens == 25
-    assert build({"max_new_tokens": 1000, "min_new_tokens": 40}).sampling.min_new_tokens == 40
+
+
+def test_min_new_tokens_past_what_the_limits_allow_is_rejected_naming_it() -> None:
+    """max_iter_times 32; max_seq_len 64 leaves 24 new tokens after a 40-token prompt."""
+    for parameters, prompt, most in (({"max_new_tokens": 1000, "min_new_tokens": 33}, PROMPT, 32),
+                                     ({"min_new_tokens": 25}, [7] * 40, 24)):
+        error = rejection(parameters, prompt)
+        assert error.field == "min_new_tokens"
+        assert f"must not exceed {most}, the most new tokens this prompt can have" in error.reason
+    assert build({"max_new_tokens": 1000, "min_new_tokens": 32}).sampling.min_new_tokens == 32
+
+
+def test_without_max_new_tokens_min_new_tokens_past_the_default_raises_the_max() -> None:
+    sampling = build({"min_new_tokens": 25}).sampling
+    assert (sampling.min_new_tokens, sampling.max_new_tokens) == (25, 25)
 
 
 def test_empty_prompt_is_rejected() -> None:
@@ -296,7 +308,7 @@ def test_newer_parameters_default_to_changing_nothing() -> None:
     ("frequency_penalty", -0.25),
     ("min_new_tokens", 0),
     ("min_new_tokens", 5),
-    ("min_new_tokens", INT32_MAX),
+    ("min_new_tokens", 32),  # the limits' most (max_iter_times): more is refused, see above
     ("ignore_eos", True),
     ("ignore_eos", False),
 ])
