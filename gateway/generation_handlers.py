@@ -156,7 +156,11 @@ class InfoHandler(TgiHandler):
 
 
 class TokenizeHandler(TgiHandler):
-    """POST /tokenize: TGI's (`inputs`) or vLLM's (`prompt` or `messages`) by the body."""
+    """POST /tokenize: TGI's (`inputs`) or vLLM's (`prompt` or `messages`) by the body, and so
+    are its errors: vLLM's are its OpenAI server's (400, `{"error": {"message", "type",
+    "param", "code"}}`), as on its /detokenize."""
+
+    speaks_vllm = False
 
     async def post(self) -> None:
         document = parse_json(self.body)
@@ -164,9 +168,16 @@ class TokenizeHandler(TgiHandler):
             request = tgi.tokenize_request_to_pb(document)
             self.write_json(tgi.tokenize_reply(await self.tokenize(request), request.text))
             return
-        self.status_table = vllm.HTTP_STATUS
+        self.speaks_vllm = True
+        self.status_table, self.names = openai.HTTP_STATUS, {}
         request, token_strs = vllm.tokenize_request_to_pb(document)
         self.write_json(vllm.tokenize_reply(await self.tokenize(request), token_strs))
+
+    def error_document(self, error: BaseException | None, status: int) -> tuple[int, object]:
+        if not self.speaks_vllm:
+            return super().error_document(error, status)
+        status, message, field = GenerationHandler.describe_field_error(self, error, status)
+        return status, openai.error_body(status, message, field)
 
 
 class ChatTokenizeHandler(TgiHandler):

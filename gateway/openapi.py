@@ -540,16 +540,29 @@ MINDIE_ERROR = ErrorShape(
     "MindIEError", "mindie",
     'MindIE\'s native and management routes; errors are `{"error", "error_type"}`',
     TYPED_ERROR, statuses(mindie.HTTP_STATUS, 400, 501), error_type(mindie.error_body))
-SAGEMAKER_ERROR = ErrorShape(
+
+
+def tgi_or_openai(name: str, protocol: str, description: str) -> ErrorShape:
+    """The errors of a route whose body chooses TGI's protocol or an OpenAI-style one."""
+    return ErrorShape(name, protocol, description,
+                      {"oneOf": [ref(TGI_ERROR.name), ref(OPENAI_ERROR.name)]},
+                      tuple(sorted({*TGI_ERROR.statuses, *OPENAI_ERROR.statuses})),
+                      either(TGI_ERROR, OPENAI_ERROR))
+
+
+SAGEMAKER_ERROR = tgi_or_openai(
     "SageMakerError", "sagemaker",
     "SageMaker's /invocations; errors are TGI's for a body with `inputs` once it is read, "
-    "OpenAI's otherwise",
-    {"oneOf": [ref(TGI_ERROR.name), ref(OPENAI_ERROR.name)]},
-    tuple(sorted({*TGI_ERROR.statuses, *OPENAI_ERROR.statuses})), either(TGI_ERROR, OPENAI_ERROR))
-SHAPES = (KSERVE_ERROR, TGI_ERROR, OPENAI_ERROR, MINDIE_ERROR, SAGEMAKER_ERROR)
+    "OpenAI's otherwise")
+TOKENIZE_ERROR = tgi_or_openai(
+    "TokenizeError", "tgi",
+    "POST /tokenize; errors are TGI's for a body with `inputs` (or neither `prompt` nor "
+    "`messages`), vLLM's OpenAI errors for one with `prompt` or `messages`")
+SHAPES = (KSERVE_ERROR, TGI_ERROR, OPENAI_ERROR, MINDIE_ERROR, SAGEMAKER_ERROR, TOKENIZE_ERROR)
 # A handler's error shape is its nearest base class's here.
 ERROR_SHAPES: dict[type[tornado.web.RequestHandler], ErrorShape] = {
     generation.InvocationsHandler: SAGEMAKER_ERROR,
+    generation.TokenizeHandler: TOKENIZE_ERROR,
     generation.TgiHandler: TGI_ERROR,
     generation.OpenAIHandler: OPENAI_ERROR,
     generation.MindIEHandler: MINDIE_ERROR,
@@ -766,7 +779,11 @@ def document(routes: Iterable[Route]) -> JSON:
                     route.name, method, operation, shape, route_statuses, patterns, served_on)
     used = {tag for item in paths.values() for operation in item.values()
             for tag in operation["tags"]}
-    tags = [*PLANES.items(), *((shape.protocol, shape.description) for shape in SHAPES)]
+    # A protocol with several error shapes (TGI's, with /tokenize's) is described by its first.
+    tags: dict[str, str] = {}
+    for name, description in (*PLANES.items(),
+                              *((shape.protocol, shape.description) for shape in SHAPES)):
+        tags.setdefault(name, description)
     return copy.deepcopy({
         "openapi": "3.0.3",
         "info": {"title": "Switchboard gateway",
@@ -775,8 +792,8 @@ def document(routes: Iterable[Route]) -> JSON:
                                 "MindIE, transcoded into gRPC calls to the model server. Each "
                                 "operation is tagged with the plane(s) serving it and with its "
                                 "protocol, whose error shape its errors have."},
-        "tags": [{"name": name, "description": description} for name, description in tags
-                 if name in used],
+        "tags": [{"name": name, "description": description}
+                 for name, description in tags.items() if name in used],
         "paths": paths,
         "components": {
             "schemas": {**REQUESTS, **REPLIES, **{shape.name: shape.schema for shape in SHAPES}},

@@ -437,6 +437,21 @@ def test_vllm_tokenize_of_a_prompt_and_of_messages(gateway, client_files) -> Non
     assert text["prompt"].startswith("<|im_start|>") and PROMPT in text["prompt"]
 
 
+@pytest.mark.parametrize("body, status, param", [
+    ({"messages": [{"role": "user", "content": "Hi"}], "continue_final_message": True}, 400,
+     "continue_final_message"),
+    ({"messages": [{"role": "user", "content": "Hi"}], "chat_template_kwargs": 5}, 400,
+     "chat_template_kwargs"),
+    ({"model": "no-such-model", "prompt": "Hi"}, 404, None),
+], ids=["server-refusal", "gateway-refusal", "unknown-model"])
+def test_vllm_tokenize_errors_are_vllms_openai_errors(gateway, client_files, body: dict,
+                                                      status: int, param: str | None) -> None:
+    got, reply = request(gateway.url("business"), client_files, "/tokenize", body)
+    assert got == status, reply
+    assert set(reply["error"]) == {"message", "type", "param", "code"}
+    assert (reply["error"]["param"], reply["error"]["code"]) == (param, status)
+
+
 def test_vllm_detokenize_refuses_an_id_outside_the_vocabulary(gateway, client_files) -> None:
     status, reply = request(gateway.url("business"), client_files, "/detokenize",
                             {"tokens": [PARIS, 10**6]})
