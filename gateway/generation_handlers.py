@@ -60,6 +60,16 @@ class GenerationHandler(Handler):
         status, message, _ = self.describe_field_error(error, status)
         return status, self.error_body(status, message)
 
+def openai_error_document(handler: GenerationHandler, error: BaseException | None,
+                          status: int) -> tuple[int, object]:
+    """OpenAI's status and error body; a model the server does not serve is named as vLLM's
+    `param` names it."""
+    status, message, field = GenerationHandler.describe_field_error(handler, error, status)
+    if isinstance(error, grpc.aio.AioRpcError) and error.code() is grpc.StatusCode.NOT_FOUND:
+        field = "model"
+    return status, openai.error_body(status, message, field)
+
+
 class TgiHandler(GenerationHandler):
     """TGI's routes: errors `{"error", "error_type"}`, validation failures 422."""
 
@@ -176,8 +186,7 @@ class TokenizeHandler(TgiHandler):
     def error_document(self, error: BaseException | None, status: int) -> tuple[int, object]:
         if not self.speaks_vllm:
             return super().error_document(error, status)
-        status, message, field = GenerationHandler.describe_field_error(self, error, status)
-        return status, openai.error_body(status, message, field)
+        return openai_error_document(self, error, status)
 
 
 class ChatTokenizeHandler(TgiHandler):
@@ -205,8 +214,7 @@ class OpenAIHandler(GenerationHandler):
     status_table = openai.HTTP_STATUS
 
     def error_document(self, error: BaseException | None, status: int) -> tuple[int, object]:
-        status, message, field = self.describe_field_error(error, status)
-        return status, openai.error_body(status, message, field)
+        return openai_error_document(self, error, status)
 
     async def with_model_named(self, options: OptionsT) -> OptionsT:
         """`options` with the served model's name where the request named none."""

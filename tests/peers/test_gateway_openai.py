@@ -224,8 +224,9 @@ def test_tgis_documented_model_name_means_the_served_model(client, greedy_chat) 
 
 
 def test_an_unknown_model_name_is_refused_naming_it(client) -> None:
-    with pytest.raises(openai.NotFoundError, match="no-such-model"):
+    with pytest.raises(openai.NotFoundError, match="no-such-model") as refused:
         client.chat.completions.create(model="no-such-model", messages=QUESTION, max_tokens=1)
+    assert refused.value.param == "model"
     assert_still_serving(client)
 
 

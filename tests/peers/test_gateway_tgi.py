@@ -442,7 +442,7 @@ def test_vllm_tokenize_of_a_prompt_and_of_messages(gateway, client_files) -> Non
      "continue_final_message"),
     ({"messages": [{"role": "user", "content": "Hi"}], "chat_template_kwargs": 5}, 400,
      "chat_template_kwargs"),
-    ({"model": "no-such-model", "prompt": "Hi"}, 404, None),
+    ({"model": "no-such-model", "prompt": "Hi"}, 404, "model"),
 ], ids=["server-refusal", "gateway-refusal", "unknown-model"])
 def test_vllm_tokenize_errors_are_vllms_openai_errors(gateway, client_files, body: dict,
                                                       status: int, param: str | None) -> None:
