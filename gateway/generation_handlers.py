@@ -60,6 +60,7 @@ class GenerationHandler(Handler):
         status, message, _ = self.describe_field_error(error, status)
         return status, self.error_body(status, message)
 
+
 def openai_error_document(handler: GenerationHandler, error: BaseException | None,
                           status: int) -> tuple[int, object]:
     """OpenAI's status and error body; a model the server does not serve is named as vLLM's

@@ -15,7 +15,6 @@ from proto import grpc_service_pb2 as pb
 from proto import switchboard_pb2 as sb
 
 
-
 class ServerLiveHandler(Handler):
     async def get(self) -> None:
         response = await self.track(self.upstream.inference.ServerLive(
