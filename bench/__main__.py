@@ -30,11 +30,11 @@ from bench.baseline import Baseline
 from bench.grpc_load import LevelResult, run_level, secure_channel, speculation_counters
 from bench.metrics import Row
 from bench.workload import PARAGRAPH, PromptSource
-from engine.config import DTYPES, QUANTIZATIONS
-from engine.loader import default_model_path, hf_folder, resolve_device, resolve_dtype
-from server.cli import default_cache_dir
-from server.process import ServerProcess
-from tls import DevPKIPaths, write_dev_pki
+from switchboard.engine.config import DTYPES, QUANTIZATIONS
+from switchboard.engine.loader import default_model_path, hf_folder, resolve_device, resolve_dtype
+from switchboard.cli import default_cache_dir
+from switchboard.process import ServerProcess
+from switchboard.tls import DevPKIPaths, write_dev_pki
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 BATCH_SIZE = 16  # the static batch the 16-stream level is compared with

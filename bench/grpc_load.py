@@ -17,10 +17,10 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.metrics import Row, make_row
-from proto import grpc_service_pb2 as pb
-from proto import grpc_service_pb2_grpc as pb_grpc
-from proto import switchboard_pb2 as sb
-from proto import switchboard_pb2_grpc as sb_grpc
+from switchboard.proto import grpc_service_pb2 as pb
+from switchboard.proto import grpc_service_pb2_grpc as pb_grpc
+from switchboard.proto import switchboard_pb2 as sb
+from switchboard.proto import switchboard_pb2_grpc as sb_grpc
 
 # The engine's own per-request timeout (600 s by default) must not cut a slow level short.
 REQUEST_TIMEOUT_US = 3600 * 1_000_000

@@ -26,9 +26,9 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from bench.metrics import percentile
-from engine.config import QUANTIZATIONS
-from server.process import GatewayProcess, ServerProcess
-from tls import DevPKIPaths, write_dev_pki
+from switchboard.engine.config import QUANTIZATIONS
+from switchboard.process import GatewayProcess, ServerProcess
+from switchboard.tls import DevPKIPaths, write_dev_pki
 
 MODEL = "smollm2"
 # A small engine, so that bursts overflow its queue: running + waiting at most 12.

@@ -18,20 +18,20 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.block_manager import BlockManager
-from engine.chat import ChatPrompt, render_chat
-from engine.config import EngineConfig, EngineLimits
-from engine.core import EngineCore, EngineStats
-from engine.errors import EngineDead, InvalidRequest, Overloaded
-from engine.fanout import generate_many
-from engine.guided import GuideBuilder
-from engine.loader import LoadedModel, load_model
-from engine.measured_choice import limit_onednn_caches
-from engine.paged_runner import PagedRunner, kv_bytes_per_token
-from engine.scheduler import Scheduler
-from engine.params import GenerationRequest
-from engine.quantization import dense_copy_for
-from engine.request import RequestOutput
+from switchboard.engine.block_manager import BlockManager
+from switchboard.engine.chat import ChatPrompt, render_chat
+from switchboard.engine.config import EngineConfig, EngineLimits
+from switchboard.engine.core import EngineCore, EngineStats
+from switchboard.engine.errors import EngineDead, InvalidRequest, Overloaded
+from switchboard.engine.fanout import generate_many
+from switchboard.engine.guided import GuideBuilder
+from switchboard.engine.loader import LoadedModel, load_model
+from switchboard.engine.measured_choice import limit_onednn_caches
+from switchboard.engine.paged_runner import PagedRunner, kv_bytes_per_token
+from switchboard.engine.scheduler import Scheduler
+from switchboard.engine.params import GenerationRequest
+from switchboard.engine.quantization import dense_copy_for
+from switchboard.engine.request import RequestOutput
 
 logger = logging.getLogger(__name__)
 

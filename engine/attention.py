@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 if TYPE_CHECKING:
-    from engine.paged_runner import SequenceChunk
+    from switchboard.engine.paged_runner import SequenceChunk
 
 EAGER_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 # What one more group of decoding sequences costs a layer, in the context slots that cost as

@@ -8,7 +8,7 @@ from types import MappingProxyType
 
 from jinja2 import TemplateError
 
-from engine.errors import InvalidRequest
+from switchboard.engine.errors import InvalidRequest
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 # Names `apply_chat_template` takes as its own arguments: as template variables they would

@@ -15,15 +15,15 @@ from typing import Protocol
 
 import torch
 
-from engine.detokenizer import Decoder, IncrementalDetokenizer
-from engine.errors import EngineError, GenerationFailed, RequestTimedOut
-from engine.guided import GuideBuilder
-from engine.params import GenerationRequest
-from engine.paged_runner import SequenceChunk
-from engine.request import (FinishReason, Request, RequestOutput, RequestStatus, RequestTimings,
+from switchboard.engine.detokenizer import Decoder, IncrementalDetokenizer
+from switchboard.engine.errors import EngineError, GenerationFailed, RequestTimedOut
+from switchboard.engine.guided import GuideBuilder
+from switchboard.engine.params import GenerationRequest
+from switchboard.engine.paged_runner import SequenceChunk
+from switchboard.engine.request import (FinishReason, Request, RequestOutput, RequestStatus, RequestTimings,
                             TokenLogprob)
-from engine.sampler import make_generator, sample_batch
-from engine.scheduler import ScheduledChunk, Scheduler
+from switchboard.engine.sampler import make_generator, sample_batch
+from switchboard.engine.scheduler import ScheduledChunk, Scheduler
 
 logger = logging.getLogger(__name__)
 

@@ -26,11 +26,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from engine.attention import (AttentionBatch, AttentionGroup, padded_block_table, slot_table,
+from switchboard.engine.attention import (AttentionBatch, AttentionGroup, padded_block_table, slot_table,
                               within_window)
 
 if TYPE_CHECKING:
-    from engine.paged_runner import SequenceChunk
+    from switchboard.engine.paged_runner import SequenceChunk
 
 MAX_GRAPH_BATCH = 128
 MIN_CONTEXT_BUCKET = 256

@@ -19,9 +19,9 @@ import dataclasses
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable
 
-from engine.params import GenerationRequest
-from engine.request import RequestOutput
-from engine.validation import UINT64_MAX
+from switchboard.engine.params import GenerationRequest
+from switchboard.engine.request import RequestOutput
+from switchboard.engine.validation import UINT64_MAX
 
 GenerateOne = Callable[[GenerationRequest], AsyncIterator[RequestOutput]]
 

@@ -21,8 +21,8 @@ from outlines_core import Guide, Index, Vocabulary
 from outlines_core.json_schema import build_regex_from_schema
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-from engine.errors import InvalidRequest
-from engine.params import OutputPattern
+from switchboard.engine.errors import InvalidRequest
+from switchboard.engine.params import OutputPattern
 
 CACHED_INDEXES = 64
 # SentencePiece's byte tokens and word-start mark.

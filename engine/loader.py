@@ -16,8 +16,8 @@ import safetensors.torch
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
-from engine.config import EngineConfig
-from engine.quantization import QuantizationError, QuantizationPlan
+from switchboard.engine.config import EngineConfig
+from switchboard.engine.quantization import QuantizationError, QuantizationPlan
 
 logger = logging.getLogger(__name__)
 

@@ -39,13 +39,13 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 
-from engine.attention import AttentionBatch, paged_attention
-from engine.decode_graphs import DecodeGraphs
-from engine.host_memory import release_free_heap
-from engine.measured_choice import (FP32_PACKINGS, MeasuredChoice, MklPacked, OneDnnPacked,
+from switchboard.engine.attention import AttentionBatch, paged_attention
+from switchboard.engine.decode_graphs import DecodeGraphs
+from switchboard.engine.host_memory import release_free_heap
+from switchboard.engine.measured_choice import (FP32_PACKINGS, MeasuredChoice, MklPacked, OneDnnPacked,
                                     Product, fastest_in_turns, fastest_overall,
                                     one_after_another, transposed_product)
-from engine.quantization import (DenseCopy, QuantizationPlan, QuantizedEmbedding,
+from switchboard.engine.quantization import (DenseCopy, QuantizationPlan, QuantizedEmbedding,
                                  QuantizedProjection, QuantizedWeight, RefinedHead, Scratch)
 
 logger = logging.getLogger(__name__)

@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
 
-from engine.async_engine import ModelInfo
-from engine.chat import ChatPrompt
-from engine.config import EngineLimits
-from engine.core import EngineStats
-from engine.params import GenerationRequest
-from engine.request import RequestOutput
+from switchboard.engine.async_engine import ModelInfo
+from switchboard.engine.chat import ChatPrompt
+from switchboard.engine.config import EngineLimits
+from switchboard.engine.core import EngineStats
+from switchboard.engine.params import GenerationRequest
+from switchboard.engine.request import RequestOutput
 
 
 class EngineClient(Protocol):

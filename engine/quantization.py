@@ -38,8 +38,8 @@ from types import MappingProxyType
 import torch
 import torch.nn.functional as F
 
-from engine.config import QUANTIZATIONS
-from engine.measured_choice import (MeasuredChoice, bf16_is_faster, bf16_product,
+from switchboard.engine.config import QUANTIZATIONS
+from switchboard.engine.measured_choice import (MeasuredChoice, bf16_is_faster, bf16_product,
                                     prepack_bf16, transposed_product)
 
 INT4_GROUP_SIZE = 32

@@ -10,11 +10,11 @@ from dataclasses import dataclass, field
 import torch
 from outlines_core import Guide
 
-from engine.block_manager import BlockTable
-from engine.detokenizer import IncrementalDetokenizer
-from engine.errors import EngineError
-from engine.params import GenerationRequest
-from engine.speculation import DraftWindow
+from switchboard.engine.block_manager import BlockTable
+from switchboard.engine.detokenizer import IncrementalDetokenizer
+from switchboard.engine.errors import EngineError
+from switchboard.engine.params import GenerationRequest
+from switchboard.engine.speculation import DraftWindow
 
 
 class FinishReason(enum.Enum):

@@ -14,9 +14,9 @@ from collections.abc import Collection, Sequence
 
 import torch
 
-from engine.guided import allowed_tokens
-from engine.params import SamplingParams
-from engine.request import Request, TokenLogprob
+from switchboard.engine.guided import allowed_tokens
+from switchboard.engine.params import SamplingParams
+from switchboard.engine.request import Request, TokenLogprob
 
 
 def make_generator(seed: int) -> torch.Generator:

@@ -21,9 +21,9 @@ import heapq
 import time
 from dataclasses import dataclass
 
-from engine.block_manager import BlockManager
-from engine.request import Request, RequestStatus
-from engine.speculation import propose_ngram
+from switchboard.engine.block_manager import BlockManager
+from switchboard.engine.request import Request, RequestStatus
+from switchboard.engine.speculation import propose_ngram
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,10 +15,10 @@ import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from engine.config import EngineLimits
-from engine.errors import InvalidRequest, PromptTooLong
-from engine.guided import choice_pattern, json_schema_pattern
-from engine.params import (DEFAULT_PRIORITY, DEFAULT_TIMEOUT_S, GenerationRequest, OutputPattern,
+from switchboard.engine.config import EngineLimits
+from switchboard.engine.errors import InvalidRequest, PromptTooLong
+from switchboard.engine.guided import choice_pattern, json_schema_pattern
+from switchboard.engine.params import (DEFAULT_PRIORITY, DEFAULT_TIMEOUT_S, GenerationRequest, OutputPattern,
                            SamplingParams)
 
 INT32_MAX = 2**31 - 1

@@ -17,16 +17,16 @@ from collections import defaultdict
 import tornado.netutil
 import tornado.web
 
-from gateway import generation_handlers as generation
-from gateway import management_handlers as management
-from gateway import openapi
-from gateway import triton_handlers as triton
-from gateway.config import CONNECTIONS_PER_LINK, GatewayConfig, Plane, PlaneConfig
-from gateway.handler import Handler, NotFoundHandler, Services
-from gateway.http_server import BoundedHTTPServer
-from gateway.lifecycle import Lifecycle
-from gateway.metrics import GatewayMetrics
-from gateway.upstream import Upstream
+from switchboard.gateway import generation_handlers as generation
+from switchboard.gateway import management_handlers as management
+from switchboard.gateway import openapi
+from switchboard.gateway import triton_handlers as triton
+from switchboard.gateway.config import CONNECTIONS_PER_LINK, GatewayConfig, Plane, PlaneConfig
+from switchboard.gateway.handler import Handler, NotFoundHandler, Services
+from switchboard.gateway.http_server import BoundedHTTPServer
+from switchboard.gateway.lifecycle import Lifecycle
+from switchboard.gateway.metrics import GatewayMetrics
+from switchboard.gateway.upstream import Upstream
 
 logger = logging.getLogger(__name__)
 

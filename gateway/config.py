@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from tls import TLSFiles, TLSMaterial
+from switchboard.tls import TLSFiles, TLSMaterial
 
 DEFAULT_HTTP_HOST = "127.0.0.1"
 DEFAULT_BUSINESS_PORT = 1025

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import zlib
 
-from gateway.errors import RequestError
+from switchboard.gateway.errors import RequestError
 
 # zlib's window bits for each coding: gzip's wrapper, and HTTP's deflate, which is zlib's.
 WINDOW_BITS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS,

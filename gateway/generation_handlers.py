@@ -12,14 +12,14 @@ from typing import TypeVar
 
 import grpc
 
-from gateway.errors import RequestError
-from gateway.handler import METADATA_TIMEOUT_S, Handler
-from gateway.protocols import mindie, openai, openai_responses, sagemaker, tgi, vllm
-from gateway.protocols.generation import Generation, field_in_protocol
-from gateway.protocols.kserve import parse_json
-from gateway.sse import DONE_EVENT, sse_event
-from proto import grpc_service_pb2 as pb
-from proto import switchboard_pb2 as sb
+from switchboard.gateway.errors import RequestError
+from switchboard.gateway.handler import METADATA_TIMEOUT_S, Handler
+from switchboard.gateway.protocols import mindie, openai, openai_responses, sagemaker, tgi, vllm
+from switchboard.gateway.protocols.generation import Generation, field_in_protocol
+from switchboard.gateway.protocols.kserve import parse_json
+from switchboard.gateway.sse import DONE_EVENT, sse_event
+from switchboard.proto import grpc_service_pb2 as pb
+from switchboard.proto import switchboard_pb2 as sb
 
 # The options of an OpenAI route (chat and completions', or the Responses API's).
 OptionsT = TypeVar("OptionsT", openai.OpenAIOptions, openai_responses.ResponsesOptions)

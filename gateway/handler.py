@@ -15,14 +15,14 @@ import tornado.web
 from tornado.httputil import responses
 from tornado.iostream import StreamClosedError
 
-from gateway.content_coding import ACCEPTED, UNSUPPORTED_STATUS, BodyDecoder, body_decoder
-from gateway.errors import (CREDENTIAL_STATUSES, KSERVE_HTTP_STATUS, RequestError,
+from switchboard.gateway.content_coding import ACCEPTED, UNSUPPORTED_STATUS, BodyDecoder, body_decoder
+from switchboard.gateway.errors import (CREDENTIAL_STATUSES, KSERVE_HTTP_STATUS, RequestError,
                             client_message, http_status)
-from gateway.lifecycle import Lifecycle
-from gateway.metrics import GatewayMetrics
-from gateway.sse import CONTENT_TYPE, sse_event
-from gateway.upstream import Upstream
-from proto import grpc_service_pb2 as pb
+from switchboard.gateway.lifecycle import Lifecycle
+from switchboard.gateway.metrics import GatewayMetrics
+from switchboard.gateway.sse import CONTENT_TYPE, sse_event
+from switchboard.gateway.upstream import Upstream
+from switchboard.proto import grpc_service_pb2 as pb
 
 logger = logging.getLogger(__name__)
 Response = TypeVar("Response")

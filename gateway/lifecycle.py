@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from gateway.errors import RequestError
+from switchboard.gateway.errors import RequestError
 
 # A forced stop (MindIE's /stopService?mode=Force, which kills its processes after 5 s) lets
 # the requests in flight run this long at most; the server, told by StopService, cuts them off

@@ -28,17 +28,17 @@ import grpc
 import tornado.routing
 import tornado.web
 
-from gateway import generation_handlers as generation
-from gateway import management_handlers as management
-from gateway.errors import KSERVE_HTTP_STATUS
-from gateway.handler import Handler
-from gateway.lifecycle import FORCED_STOP_S
-from gateway.protocols import mindie, openai, tgi
-from gateway.protocols.mindie_management import MAX_HEALTH_TIMEOUT_S
-from gateway.protocols.parameters import MAX_DEADLINE_S as MAX_TIMEOUT_S
-from gateway.protocols.parameters import INT64_MAX, UINT32_MAX, UINT64_MAX
-from gateway.sse import CONTENT_TYPE as SSE_CONTENT_TYPE
-from proto.vllm_backend_tensors import CONTROL_INPUTS
+from switchboard.gateway import generation_handlers as generation
+from switchboard.gateway import management_handlers as management
+from switchboard.gateway.errors import KSERVE_HTTP_STATUS
+from switchboard.gateway.handler import Handler
+from switchboard.gateway.lifecycle import FORCED_STOP_S
+from switchboard.gateway.protocols import mindie, openai, tgi
+from switchboard.gateway.protocols.mindie_management import MAX_HEALTH_TIMEOUT_S
+from switchboard.gateway.protocols.parameters import MAX_DEADLINE_S as MAX_TIMEOUT_S
+from switchboard.gateway.protocols.parameters import INT64_MAX, UINT32_MAX, UINT64_MAX
+from switchboard.gateway.sse import CONTENT_TYPE as SSE_CONTENT_TYPE
+from switchboard.proto.vllm_backend_tensors import CONTROL_INPUTS
 
 JSON = dict[str, Any]
 INT32_MAX = 2**31 - 1

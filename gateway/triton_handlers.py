@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import grpc
 
-from gateway.errors import KSERVE_HTTP_STATUS, RequestError
-from gateway.handler import METADATA_TIMEOUT_S, Handler
-from gateway.protocols import kserve, triton
-from gateway.protocols.kserve import optional_string, require_object
-from gateway.sse import sse_event
-from gateway.upstream import STATUS_ERRORS
-from proto import grpc_service_pb2 as pb
-from proto import switchboard_pb2 as sb
+from switchboard.gateway.errors import KSERVE_HTTP_STATUS, RequestError
+from switchboard.gateway.handler import METADATA_TIMEOUT_S, Handler
+from switchboard.gateway.protocols import kserve, triton
+from switchboard.gateway.protocols.kserve import optional_string, require_object
+from switchboard.gateway.sse import sse_event
+from switchboard.gateway.upstream import STATUS_ERRORS
+from switchboard.proto import grpc_service_pb2 as pb
+from switchboard.proto import switchboard_pb2 as sb
 
 
 class ServerLiveHandler(Handler):

@@ -6,10 +6,10 @@ import asyncio
 
 import grpc
 
-from gateway.config import UpstreamConfig
-from gateway.protocols.parameters import MAX_DEADLINE_S
-from proto import grpc_service_pb2_grpc as pb_grpc
-from proto import switchboard_pb2_grpc as sb_grpc
+from switchboard.gateway.config import UpstreamConfig
+from switchboard.gateway.protocols.parameters import MAX_DEADLINE_S
+from switchboard.proto import grpc_service_pb2_grpc as pb_grpc
+from switchboard.proto import switchboard_pb2_grpc as sb_grpc
 
 # Stream errors as gRPC statuses rather than in-band messages (Triton's header), so that each
 # status maps to its HTTP status.

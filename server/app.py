@@ -15,18 +15,18 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
-from engine.async_engine import AsyncEngine
-from engine.config import EngineConfig
-from proto import grpc_service_pb2 as pb
-from proto import grpc_service_pb2_grpc as pb_grpc
-from proto import switchboard_pb2 as sb
-from proto import switchboard_pb2_grpc as sb_grpc
-from server.config import ServerConfig
-from server.credentials import ReloadableCredentials, RevocationInterceptor
-from server.generation import GenerationServicer
-from server.management import ManagementServicer
-from server.served_model import ServedModel
-from server.servicer import InferenceServicer
+from switchboard.engine.async_engine import AsyncEngine
+from switchboard.engine.config import EngineConfig
+from switchboard.proto import grpc_service_pb2 as pb
+from switchboard.proto import grpc_service_pb2_grpc as pb_grpc
+from switchboard.proto import switchboard_pb2 as sb
+from switchboard.proto import switchboard_pb2_grpc as sb_grpc
+from switchboard.server.config import ServerConfig
+from switchboard.server.credentials import ReloadableCredentials, RevocationInterceptor
+from switchboard.server.generation import GenerationServicer
+from switchboard.server.management import ManagementServicer
+from switchboard.server.served_model import ServedModel
+from switchboard.server.servicer import InferenceServicer
 
 logger = logging.getLogger(__name__)
 

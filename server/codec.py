@@ -17,16 +17,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.config import EngineLimits
-from engine.errors import InvalidRequest
-from engine.params import GenerationRequest
-from engine.request import FinishReason, RequestOutput, RequestTimings
-from engine.validation import MINDIE_SEED_RANGE, build_request
-from proto import grpc_service_pb2 as pb
-from proto import tensor_bytes
-from proto.tensor_bytes import serialize_bytes
-from server import triton_vllm
-from server.triton_vllm import VllmOptions
+from switchboard.engine.config import EngineLimits
+from switchboard.engine.errors import InvalidRequest
+from switchboard.engine.params import GenerationRequest
+from switchboard.engine.request import FinishReason, RequestOutput, RequestTimings
+from switchboard.engine.validation import MINDIE_SEED_RANGE, build_request
+from switchboard.proto import grpc_service_pb2 as pb
+from switchboard.proto import tensor_bytes
+from switchboard.proto.tensor_bytes import serialize_bytes
+from switchboard.server import triton_vllm
+from switchboard.server.triton_vllm import VllmOptions
 
 FINAL_RESPONSE_PARAMETER = "triton_final_response"
 # The served model's one version.

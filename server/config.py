@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from tls import TLSFiles
+from switchboard.tls import TLSFiles
 
 logger = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 import grpc
 from cryptography import x509
 
-from tls import TLSConfigError, TLSFiles, TLSMaterial
+from switchboard.tls import TLSConfigError, TLSFiles, TLSMaterial
 
 logger = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ import logging
 
 import grpc
 
-from engine.errors import (EngineDead, EngineError, GenerationFailed, InvalidRequest, NotFound,
+from switchboard.engine.errors import (EngineDead, EngineError, GenerationFailed, InvalidRequest, NotFound,
                            Overloaded, RequestTimedOut)
 
 logger = logging.getLogger(__name__)

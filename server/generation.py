@@ -11,18 +11,18 @@ from collections.abc import AsyncIterator, Sequence
 
 import grpc
 
-from engine.chat import ChatMessage, ChatPrompt
-from engine.errors import EngineError, InvalidRequest
-from engine.params import GenerationRequest
-from engine.protocol import EngineClient
-from engine.request import RequestOutput, TokenLogprob
-from engine.validation import INT_RANGES, MINDIE_SEED_RANGE, build_request, check_vocabulary
-from proto import switchboard_pb2 as sb
-from proto import switchboard_pb2_grpc as sb_grpc
-from server import codec
-from server.errors import refusal
-from server.served_model import ServedModel
-from server.servicer import engine_errors
+from switchboard.engine.chat import ChatMessage, ChatPrompt
+from switchboard.engine.errors import EngineError, InvalidRequest
+from switchboard.engine.params import GenerationRequest
+from switchboard.engine.protocol import EngineClient
+from switchboard.engine.request import RequestOutput, TokenLogprob
+from switchboard.engine.validation import INT_RANGES, MINDIE_SEED_RANGE, build_request, check_vocabulary
+from switchboard.proto import switchboard_pb2 as sb
+from switchboard.proto import switchboard_pb2_grpc as sb_grpc
+from switchboard.server import codec
+from switchboard.server.errors import refusal
+from switchboard.server.served_model import ServedModel
+from switchboard.server.servicer import engine_errors
 
 logger = logging.getLogger(__name__)
 

@@ -11,13 +11,13 @@ from collections.abc import Awaitable, Callable
 
 import grpc
 
-from engine.errors import InvalidRequest, NotFound
-from engine.validation import MAX_TIMEOUT_S, build_request
-from proto import switchboard_pb2 as sb
-from proto import switchboard_pb2_grpc as sb_grpc
-from server import codec
-from server.served_model import ServedModel
-from server.servicer import engine_errors
+from switchboard.engine.errors import InvalidRequest, NotFound
+from switchboard.engine.validation import MAX_TIMEOUT_S, build_request
+from switchboard.proto import switchboard_pb2 as sb
+from switchboard.proto import switchboard_pb2_grpc as sb_grpc
+from switchboard.server import codec
+from switchboard.server.served_model import ServedModel
+from switchboard.server.servicer import engine_errors
 
 PROBE_PROMPT = "Hello"
 PROBE_TIMEOUT_S = 10.0

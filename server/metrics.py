@@ -21,12 +21,12 @@ import prometheus_client
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from engine.core import EngineStats
-from engine.errors import EngineError
-from engine.request import RequestOutput
-from server.errors import status_for
-from server.model_info import MODEL_VERSION
-from server.triton_vllm import FINISH_REASONS as VLLM_FINISH_REASONS
+from switchboard.engine.core import EngineStats
+from switchboard.engine.errors import EngineError
+from switchboard.engine.request import RequestOutput
+from switchboard.server.errors import status_for
+from switchboard.server.model_info import MODEL_VERSION
+from switchboard.server.triton_vllm import FINISH_REASONS as VLLM_FINISH_REASONS
 
 OWN_PREFIX = "switchboard_"
 # Our base name → vLLM's names for the same measure.

@@ -3,17 +3,17 @@ statistics."""
 
 from __future__ import annotations
 
-from engine.protocol import EngineClient
-from engine.validation import MAX_SEQUENCES, MAX_STOP_SEQUENCES, MAX_TOP_LOGPROBS
-from proto import grpc_service_pb2 as pb
-from proto import model_config_pb2 as mc
-from proto.vllm_backend_tensors import CONTROL_INPUTS, EXTRA_OUTPUTS
+from switchboard.engine.protocol import EngineClient
+from switchboard.engine.validation import MAX_SEQUENCES, MAX_STOP_SEQUENCES, MAX_TOP_LOGPROBS
+from switchboard.proto import grpc_service_pb2 as pb
+from switchboard.proto import model_config_pb2 as mc
+from switchboard.proto.vllm_backend_tensors import CONTROL_INPUTS, EXTRA_OUTPUTS
 from typing import TYPE_CHECKING
 
-from server.codec import MODEL_VERSION, InputKind
+from switchboard.server.codec import MODEL_VERSION, InputKind
 
 if TYPE_CHECKING:
-    from server.metrics import Duration, InferenceTotals
+    from switchboard.server.metrics import Duration, InferenceTotals
 
 PLATFORM = "switchboard"
 # Triton extensions this server implements (ServerMetadataResponse.extensions).

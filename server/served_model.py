@@ -8,13 +8,13 @@ import contextlib
 from collections import defaultdict
 from collections.abc import AsyncIterator, Iterator
 
-from engine.core import EngineStats
-from engine.errors import EngineDead, EngineError, NotFound
-from engine.params import GenerationRequest
-from engine.protocol import EngineClient
-from engine.request import RequestOutput
-from server.metrics import ServerMetrics
-from server.model_info import MODEL_VERSION
+from switchboard.engine.core import EngineStats
+from switchboard.engine.errors import EngineDead, EngineError, NotFound
+from switchboard.engine.params import GenerationRequest
+from switchboard.engine.protocol import EngineClient
+from switchboard.engine.request import RequestOutput
+from switchboard.server.metrics import ServerMetrics
+from switchboard.server.model_info import MODEL_VERSION
 
 
 class ServedModel:

@@ -16,14 +16,14 @@ from typing import TypeVar
 
 import grpc
 
-from engine.errors import EngineError, GenerationFailed, NotFound
-from engine.request import RequestOutput
-from proto import grpc_service_pb2 as pb
-from proto import grpc_service_pb2_grpc as pb_grpc
-from server import codec, model_info
-from server.errors import refusal
-from server.metrics import execution_count
-from server.served_model import ServedModel
+from switchboard.engine.errors import EngineError, GenerationFailed, NotFound
+from switchboard.engine.request import RequestOutput
+from switchboard.proto import grpc_service_pb2 as pb
+from switchboard.proto import grpc_service_pb2_grpc as pb_grpc
+from switchboard.server import codec, model_info
+from switchboard.server.errors import refusal
+from switchboard.server.metrics import execution_count
+from switchboard.server.served_model import ServedModel
 
 logger = logging.getLogger(__name__)
 

@@ -23,10 +23,10 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from engine.errors import InvalidRequest
-from engine.request import FinishReason
-from proto import vllm_sampling
-from proto.vllm_backend_tensors import CONTROL_INPUTS, EXTRA_OUTPUTS, SAMPLING_INPUT
+from switchboard.engine.errors import InvalidRequest
+from switchboard.engine.request import FinishReason
+from switchboard.proto import vllm_sampling
+from switchboard.proto.vllm_backend_tensors import CONTROL_INPUTS, EXTRA_OUTPUTS, SAMPLING_INPUT
 
 BOOL_INPUTS = tuple(name for name, datatype in CONTROL_INPUTS.items() if datatype == "BOOL")
 NO_LOGPROBS = ("log-probabilities are not available over KServe v2 here "

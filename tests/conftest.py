@@ -16,15 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from server.process import GatewayProcess, ServerProcess
-from tls import DevPKIPaths, create_ca, issue_certificate, write_dev_pki
+from switchboard.process import GatewayProcess, ServerProcess
+from switchboard.tls import DevPKIPaths, create_ca, issue_certificate, write_dev_pki
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """A test marked onednn_bf16 runs where oneDNN multiplies bf16 on this CPU; an AVX2-only
     one (AMD's Zen 3) skips it, as a server there never takes that path."""
     if item.get_closest_marker("onednn_bf16") is not None:
-        from engine.measured_choice import onednn_multiplies_bf16
+        from switchboard.engine.measured_choice import onednn_multiplies_bf16
 
         if not onednn_multiplies_bf16():
             pytest.skip("oneDNN multiplies no bf16 on this CPU (it needs AVX-512 or "

@@ -10,8 +10,8 @@ depends only on ``cryptography``.
 
 from __future__ import annotations
 
-from tls.files import TLSConfigError, TLSFiles, TLSMaterial, dev_files
-from tls.pki import (
+from switchboard.tls.files import TLSConfigError, TLSFiles, TLSMaterial, dev_files
+from switchboard.tls.pki import (
     CertificateAuthority,
     Credential,
     DevPKIPaths,

@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from tls.pki import DEV_HOSTS, write_dev_pki
+from switchboard.tls.pki import DEV_HOSTS, write_dev_pki
 
 
 def main(argv: Sequence[str] | None = None) -> int:

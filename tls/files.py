@@ -13,7 +13,7 @@ from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
-from tls.pki import DevPKIPaths, key_matches
+from switchboard.tls.pki import DevPKIPaths, key_matches
 
 logger = logging.getLogger(__name__)
 

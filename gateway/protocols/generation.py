@@ -9,9 +9,9 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from gateway.errors import RequestError, bad_request
-from gateway.protocols.parameters import UINT32_MAX, set_parameters
-from proto import switchboard_pb2 as sb
+from switchboard.gateway.errors import RequestError, bad_request
+from switchboard.gateway.protocols.parameters import UINT32_MAX, set_parameters
+from switchboard.proto import switchboard_pb2 as sb
 
 # The server's name for the prompt, whatever a protocol calls it.
 PROMPT = "prompt"

@@ -19,12 +19,12 @@ import numpy as np
 from google.protobuf import json_format
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
-from gateway.errors import RequestError, bad_request
-from gateway.protocols.parameters import (INT64_MAX, json_type, parameter_value,
+from switchboard.gateway.errors import RequestError, bad_request
+from switchboard.gateway.protocols.parameters import (INT64_MAX, json_type, parameter_value,
                                          set_parameters)
-from proto import grpc_service_pb2 as pb
-from proto import model_config_pb2 as mc
-from proto.tensor_bytes import deserialize_bytes, serialize_bytes
+from switchboard.proto import grpc_service_pb2 as pb
+from switchboard.proto import model_config_pb2 as mc
+from switchboard.proto.tensor_bytes import deserialize_bytes, serialize_bytes
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 # Extensions of the REST front on top of what the server reports.

@@ -15,11 +15,11 @@ from http import HTTPStatus
 
 import grpc
 
-from gateway.errors import bad_request
-from gateway.protocols.generation import PROMPT, Generation, generate_request, optional_bool
-from gateway.protocols.kserve import optional_string, require_object, required_string
-from gateway.protocols.parameters import json_type
-from proto import switchboard_pb2 as sb
+from switchboard.gateway.errors import bad_request
+from switchboard.gateway.protocols.generation import PROMPT, Generation, generate_request, optional_bool
+from switchboard.gateway.protocols.kserve import optional_string, require_object, required_string
+from switchboard.gateway.protocols.parameters import json_type
+from switchboard.proto import switchboard_pb2 as sb
 
 HTTP_STATUS = {
     grpc.StatusCode.INVALID_ARGUMENT: 422,

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from gateway.errors import RequestError
-from proto import switchboard_pb2 as sb
+from switchboard.gateway.errors import RequestError
+from switchboard.proto import switchboard_pb2 as sb
 
 DEFAULT_HEALTH_TIMEOUT_S = 10
 MAX_HEALTH_TIMEOUT_S = 600

@@ -27,13 +27,13 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from gateway.errors import bad_request
-from gateway.protocols.generation import (Generation, add_output_format, generate_request,
+from switchboard.gateway.errors import bad_request
+from switchboard.gateway.protocols.generation import (Generation, add_output_format, generate_request,
                                           json_text, optional_bool, renamed)
-from gateway.protocols.kserve import optional_string, refuse_unknown, require_object
-from gateway.protocols.parameters import json_type
-from proto import switchboard_pb2 as sb
-from proto import vllm_sampling
+from switchboard.gateway.protocols.kserve import optional_string, refuse_unknown, require_object
+from switchboard.gateway.protocols.parameters import json_type
+from switchboard.proto import switchboard_pb2 as sb
+from switchboard.proto import vllm_sampling
 
 UNLIMITED = 2**31 - 1  # max_new_tokens that the server caps at its limits
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's /v1/completions default

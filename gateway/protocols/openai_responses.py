@@ -26,17 +26,17 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from gateway.errors import RequestError, bad_request
-from gateway.protocols.generation import (Generation, SequenceResult, add_output_format,
+from switchboard.gateway.errors import RequestError, bad_request
+from switchboard.gateway.protocols.generation import (Generation, SequenceResult, add_output_format,
                                           generate_request, optional_bool)
-from gateway.protocols.kserve import require_object
-from gateway.protocols.openai import (IGNORED_FIELDS, NAMES, SAMPLING_FIELDS, UNLIMITED,
+from switchboard.gateway.protocols.kserve import require_object
+from switchboard.gateway.protocols.openai import (IGNORED_FIELDS, NAMES, SAMPLING_FIELDS, UNLIMITED,
                                       checked_document, message_text, refuse_tool_calls,
                                       requested_model, sampling_values, token_limit,
                                       token_logprobs)
-from gateway.protocols.parameters import json_type
-from gateway.sse import sse_event
-from proto import switchboard_pb2 as sb
+from switchboard.gateway.protocols.parameters import json_type
+from switchboard.gateway.sse import sse_event
+from switchboard.proto import switchboard_pb2 as sb
 
 FIELDS = (SAMPLING_FIELDS - {"n"}) | IGNORED_FIELDS | {
     "model", "input", "instructions", "max_output_tokens", "stream", "stream_options", "text",

@@ -8,8 +8,8 @@ import json
 import math
 from collections.abc import Mapping
 
-from gateway.errors import bad_request
-from proto import grpc_service_pb2 as pb
+from switchboard.gateway.errors import bad_request
+from switchboard.proto import grpc_service_pb2 as pb
 
 INT64_MAX = 2**63 - 1
 UINT64_MAX = 2**64 - 1

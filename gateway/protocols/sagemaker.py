@@ -12,7 +12,7 @@ on that route.
 
 from __future__ import annotations
 
-from gateway.errors import RequestError
+from switchboard.gateway.errors import RequestError
 
 # The field telling each API's body, in the order TGI tries them.
 API_FIELDS = ("inputs", "messages", "prompt")

@@ -30,13 +30,13 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from gateway.errors import bad_request
-from gateway.protocols.generation import (Generation, SequenceResult, add_output_format,
+from switchboard.gateway.errors import bad_request
+from switchboard.gateway.protocols.generation import (Generation, SequenceResult, add_output_format,
                                           generate_request, optional_bool, renamed)
-from gateway.protocols.kserve import refuse_unknown, require_object, required_string
-from gateway.protocols.openai import chat_request_to_pb
-from gateway.protocols.parameters import json_type
-from proto import switchboard_pb2 as sb
+from switchboard.gateway.protocols.kserve import refuse_unknown, require_object, required_string
+from switchboard.gateway.protocols.openai import chat_request_to_pb
+from switchboard.gateway.protocols.parameters import json_type
+from switchboard.proto import switchboard_pb2 as sb
 
 # TGI's names → MindIE's, where they differ; the other generation parameters share names.
 NAMES = {"inputs": "prompt", "top_n_tokens": "top_logprobs",

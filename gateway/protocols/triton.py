@@ -23,13 +23,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gateway.errors import bad_request
-from gateway.protocols.kserve import (encode_tensor, optional_string, parameters_to_json,
+from switchboard.gateway.errors import bad_request
+from switchboard.gateway.protocols.kserve import (encode_tensor, optional_string, parameters_to_json,
                                      require_object, tensor_json)
-from gateway.protocols.parameters import set_parameters
-from proto import grpc_service_pb2 as pb
-from proto.tensor_bytes import deserialize_bytes
-from proto.vllm_backend_tensors import CONTROL_INPUTS
+from switchboard.gateway.protocols.parameters import set_parameters
+from switchboard.proto import grpc_service_pb2 as pb
+from switchboard.proto.tensor_bytes import deserialize_bytes
+from switchboard.proto.vllm_backend_tensors import CONTROL_INPUTS
 
 # Rendering options: they shape the reply here and are also sent on (the server accepts them).
 RENDERING_OPTIONS = ("details", "perf_stat")

@@ -20,16 +20,16 @@ import json
 
 import grpc
 
-from gateway.errors import bad_request
-from gateway.protocols.generation import (Generation, generate_request,
+from switchboard.gateway.errors import bad_request
+from switchboard.gateway.protocols.generation import (Generation, generate_request,
                                           optional_bool, renamed)
-from gateway.protocols.kserve import (optional_string, refuse_unknown, require_object,
+from switchboard.gateway.protocols.kserve import (optional_string, refuse_unknown, require_object,
                                       required_string)
-from gateway.protocols.openai import TEMPLATE_FIELDS, chat_messages
-from gateway.protocols.parameters import UINT32_MAX, json_type
-from gateway.protocols.tgi import HTTP_STATUS as TGI_HTTP_STATUS
-from proto import switchboard_pb2 as sb
-from proto import vllm_sampling
+from switchboard.gateway.protocols.openai import TEMPLATE_FIELDS, chat_messages
+from switchboard.gateway.protocols.parameters import UINT32_MAX, json_type
+from switchboard.gateway.protocols.tgi import HTTP_STATUS as TGI_HTTP_STATUS
+from switchboard.proto import switchboard_pb2 as sb
+from switchboard.proto import vllm_sampling
 
 DELIMITER = b"\n"
 # JSON objects each followed by a newline are not one JSON document: vLLM's demo server sends no

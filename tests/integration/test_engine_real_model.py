@@ -17,14 +17,14 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from engine.async_engine import AsyncEngine
-from engine.config import EngineConfig
-from engine.errors import InvalidRequest
-from engine.loader import default_model_path, hf_folder, load_model
-from engine.paged_runner import PagedRunner, SequenceChunk
-from engine.request import FinishReason, RequestOutput
-from engine.validation import build_request
-from server.cli import default_cache_dir
+from switchboard.engine.async_engine import AsyncEngine
+from switchboard.engine.config import EngineConfig
+from switchboard.engine.errors import InvalidRequest
+from switchboard.engine.loader import default_model_path, hf_folder, load_model
+from switchboard.engine.paged_runner import PagedRunner, SequenceChunk
+from switchboard.engine.request import FinishReason, RequestOutput
+from switchboard.engine.validation import build_request
+from switchboard.cli import default_cache_dir
 
 CACHE_DIR = default_cache_dir()
 

@@ -13,11 +13,11 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
 
-from gateway.protocols.parameters import to_parameter
-from proto import grpc_service_pb2 as pb
-from proto import grpc_service_pb2_grpc as pb_grpc
-from proto import switchboard_pb2 as sb
-from proto import switchboard_pb2_grpc as sb_grpc
+from switchboard.gateway.protocols.parameters import to_parameter
+from switchboard.proto import grpc_service_pb2 as pb
+from switchboard.proto import grpc_service_pb2_grpc as pb_grpc
+from switchboard.proto import switchboard_pb2 as sb
+from switchboard.proto import switchboard_pb2_grpc as sb_grpc
 
 MODEL = "smollm2"
 QUESTION = "What is the capital of France?"

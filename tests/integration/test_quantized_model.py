@@ -11,10 +11,10 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from engine.config import EngineConfig
-from engine.loader import load_model
-from engine.paged_runner import PagedRunner, SequenceChunk
-from engine.quantization import Bf16Copy, DenseCopy, Fp16Copy
+from switchboard.engine.config import EngineConfig
+from switchboard.engine.loader import load_model
+from switchboard.engine.paged_runner import PagedRunner, SequenceChunk
+from switchboard.engine.quantization import Bf16Copy, DenseCopy, Fp16Copy
 from test_engine_real_model import CACHE_DIR, EngineHarness, text_of, token_ids_of
 
 TEXT = (

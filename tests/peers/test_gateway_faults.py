@@ -11,7 +11,7 @@ import pytest
 from conftest import own_service
 from gateway_clients import MODEL, curl_with, poll
 
-from server.process import ServerProcess
+from switchboard.process import ServerProcess
 
 PROMPT = {"text_input": "The capital of France is", "parameters": {"max_new_tokens": 3}}
 PROMPT_ANSWER_S = 5.0  # a refusal while the server is away comes well within this

@@ -9,7 +9,7 @@ import pytest
 from conftest import start_gateway
 from gateway_clients import MODEL, curl, curl_with
 
-from tls import DevPKIPaths, write_dev_pki
+from switchboard.tls import DevPKIPaths, write_dev_pki
 
 PLANES = ("business", "management", "metrics")
 PLANE_PATHS = {"business": f"/v2/models/{MODEL}/ready", "management": "/v2/health/live",

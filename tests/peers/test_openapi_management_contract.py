@@ -31,8 +31,8 @@ from test_openapi_contract import fuzz, mutual_tls, narrowed
 
 if TYPE_CHECKING:
     from conftest import ClientFiles
-    from server.process import GatewayProcess, ServerProcess
-    from tls import DevPKIPaths
+    from switchboard.process import GatewayProcess, ServerProcess
+    from switchboard.tls import DevPKIPaths
 
 # Ends the gateway (and the server behind it): never fuzzed.
 STOP_SERVICE = "/stopService"

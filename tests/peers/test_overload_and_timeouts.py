@@ -16,7 +16,7 @@ from gateway_clients import (MODEL, curl_with, long_generation, open_stream, pol
                              unique_id)
 from tritonclient.utils import InferenceServerException
 
-from server.process import GatewayProcess, ServerProcess
+from switchboard.process import GatewayProcess, ServerProcess
 
 FREED_WITHIN_S = 2.0  # the engine frees a timed-out request within a step
 REFUSED = (

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from gateway_clients import MODEL, curl_with, grpcurl
 
-from server.process import GATEWAY_READY, SERVER_READY
+from switchboard.process import GATEWAY_READY, SERVER_READY
 
 
 def free_port() -> int:
@@ -34,7 +34,7 @@ def switchboard_run(pki, tmp_path: Path, *flags: str
     config = tmp_path / "config.json"
     config.write_text(json.dumps({"grpcPort": grpc_port}))
     run = subprocess.Popen(
-        [sys.executable, "-m", "server", "run", "--tls-dir", str(pki.folder), "--http-port", "0",
+        [sys.executable, "-m", "switchboard", "run", "--tls-dir", str(pki.folder), "--http-port", "0",
          "--management-port", "0", "--metrics-port", "0", "--config", str(config), *flags],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
@@ -105,7 +105,7 @@ def test_a_sighup_to_run_reloads_both_childrens_tls_files_and_run_serves_on(pki,
                 reloaded.append(line)
                 if len(reloaded) == 2:
                     break
-        assert {"server" if "server.credentials" in line else "gateway" for line in reloaded} \
+        assert {"server" if "switchboard.server.credentials" in line else "gateway" for line in reloaded} \
             == {"server", "gateway"}, reloaded
         reply = curl_with(client_files, f"{ready['business']}/v2/models/{MODEL}/generate",
                           body={"text_input": "The capital of France is",
@@ -149,7 +149,7 @@ def test_a_process_that_cannot_start_says_why_in_one_line(pki, tmp_path, case) -
                                      "--metrics-port", "0"],
                                     f"the business plane cannot listen on 127.0.0.1:{port}"),
         }[case]
-        ran = subprocess.run([sys.executable, "-m", "server", *command, "--tls-dir",
+        ran = subprocess.run([sys.executable, "-m", "switchboard", *command, "--tls-dir",
                               str(pki.folder)], capture_output=True, text=True, timeout=300)
     output = ran.stdout + ran.stderr
     assert ran.returncode == 1, output
@@ -161,7 +161,7 @@ def test_a_process_that_cannot_start_says_why_in_one_line(pki, tmp_path, case) -
 def test_run_refuses_a_bad_gateway_setting_before_loading_the_model(pki, tmp_path) -> None:
     """The gateway's settings are checked before the server loads the model (minutes for a
     big one), with one ERROR line and status 2, as a bad server setting is."""
-    ran = subprocess.run([sys.executable, "-m", "server", "run", "--tls-dir", str(pki.folder),
+    ran = subprocess.run([sys.executable, "-m", "switchboard", "run", "--tls-dir", str(pki.folder),
                           "--http-port", "70000"], capture_output=True, text=True, timeout=120)
     output = ran.stdout + ran.stderr
     assert ran.returncode == 2, output

@@ -16,7 +16,7 @@ from conftest import own_service
 from gateway_clients import MODEL, fetch, ssl_context
 from prometheus_client.parser import text_string_to_metric_families
 
-from server.process import GatewayProcess
+from switchboard.process import GatewayProcess
 
 # SmolLM2 repeats the line, which guesses from the request's own text predict.
 REPEAT = [{"role": "user", "content": "Repeat this line three times: the cat sat on the mat."}]

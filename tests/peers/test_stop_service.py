@@ -17,7 +17,7 @@ from conftest import own_service
 from gateway_clients import (MODEL, REQUEST_TIMEOUT_S, connect, curl_with, fetch, long_generation,
                              open_stream, poll, request, unique_id)
 
-from server.process import GatewayProcess, ServerProcess
+from switchboard.process import GatewayProcess, ServerProcess
 
 TOKENS = 80  # long enough to outlast the checks made during the drain
 FORCED_STOP_S = 5  # MindIE's /stopService?mode=Force kills its processes after 5 s

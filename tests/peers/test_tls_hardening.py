@@ -24,11 +24,11 @@ from test_gateway_tls import PLANE_PATHS, PLANES, assert_handshake_refused
 from test_tritonclient_grpc import generate_text, make_client
 from tritonclient.utils import InferenceServerException
 
-from server.cli import KEY_PASSWORD_ENV
-from server.process import GatewayProcess, ServerProcess
-from tls import (CertificateAuthority, Credential, DevPKIPaths, create_ca, create_crl,
+from switchboard.cli import KEY_PASSWORD_ENV
+from switchboard.process import GatewayProcess, ServerProcess
+from switchboard.tls import (CertificateAuthority, Credential, DevPKIPaths, create_ca, create_crl,
                  issue_certificate, write_dev_pki)
-from tls.pki import DEV_HOSTS
+from switchboard.tls.pki import DEV_HOSTS
 
 PASSWORD = "correct-horse-battery-7f3a9c"
 RELOADED, NOT_RELOADED = "TLS files reloaded", "TLS files not reloaded"
@@ -310,7 +310,7 @@ def test_an_encrypted_key_without_its_password_stops_the_server(encrypted_pki, p
     env = {name: value for name, value in os.environ.items() if name != KEY_PASSWORD_ENV}
     if password is not None:
         env[KEY_PASSWORD_ENV] = password
-    ran = subprocess.run([sys.executable, "-m", "server", "server", "--tls-dir",
+    ran = subprocess.run([sys.executable, "-m", "switchboard", "server", "--tls-dir",
                           str(encrypted_pki[0].folder), "--grpc-port", "0"],
                          env=env, capture_output=True, text=True, timeout=120)
     assert ran.returncode == 2, ran.stderr

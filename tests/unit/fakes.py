@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.block_manager import BlockManager
-from engine.core import EngineCore
-from engine.request import RequestOutput
-from engine.paged_runner import SequenceChunk
-from engine.scheduler import Scheduler
-from engine.params import GenerationRequest, SamplingParams
+from switchboard.engine.block_manager import BlockManager
+from switchboard.engine.core import EngineCore
+from switchboard.engine.request import RequestOutput
+from switchboard.engine.paged_runner import SequenceChunk
+from switchboard.engine.scheduler import Scheduler
+from switchboard.engine.params import GenerationRequest, SamplingParams
 
 VOCAB_SIZE = 26
 EOS_ID = 25  # 'z'

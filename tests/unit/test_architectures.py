@@ -16,8 +16,8 @@ from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCaus
                           MistralConfig, MistralForCausalLM, PreTrainedModel, Qwen2Config,
                           Qwen2ForCausalLM)
 
-from engine.measured_choice import FP32_PACKINGS, MeasuredChoice, OneDnnPacked
-from engine.paged_runner import PagedRunner, SequenceChunk, UnsupportedModel
+from switchboard.engine.measured_choice import FP32_PACKINGS, MeasuredChoice, OneDnnPacked
+from switchboard.engine.paged_runner import PagedRunner, SequenceChunk, UnsupportedModel
 
 BLOCK_SIZE = 4
 NUM_BLOCKS = 64

@@ -12,11 +12,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 from fakes import EOS_ID, VOCAB_SIZE, FakeRunner, FakeTokenizer, make_core, make_request
 
-from engine.async_engine import AsyncEngine, ModelInfo
-from engine.config import EngineLimits
-from engine.core import EngineCore
-from engine.errors import EngineDead, InvalidRequest, Overloaded, RequestTimedOut
-from engine.request import FinishReason, RequestOutput
+from switchboard.engine.async_engine import AsyncEngine, ModelInfo
+from switchboard.engine.config import EngineLimits
+from switchboard.engine.core import EngineCore
+from switchboard.engine.errors import EngineDead, InvalidRequest, Overloaded, RequestTimedOut
+from switchboard.engine.request import FinishReason, RequestOutput
 
 LIMITS = EngineLimits(vocab_size=VOCAB_SIZE, max_seq_len=64, max_input_len=63, max_iter_times=64)
 INFO = ModelInfo(source="fake", device="cpu", dtype="float32", vocab_size=VOCAB_SIZE,

@@ -10,9 +10,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine import attention
-from engine.attention import AttentionBatch, paged_attention, split_by_context
-from engine.paged_runner import SequenceChunk
+from switchboard.engine import attention
+from switchboard.engine.attention import AttentionBatch, paged_attention, split_by_context
+from switchboard.engine.paged_runner import SequenceChunk
 
 BLOCK_SIZE = 4
 HEADS, KV_HEADS, HEAD_DIM = 6, 2, 16

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.block_manager import BlockManager, BlockTable
+from switchboard.engine.block_manager import BlockManager, BlockTable
 
 BLOCK_SIZE = 4
 

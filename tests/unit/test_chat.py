@@ -9,8 +9,8 @@ import pytest
 from tokenizers import Tokenizer, models
 from transformers import PreTrainedTokenizerFast
 
-from engine.chat import ChatMessage, ChatPrompt, render_chat
-from engine.errors import InvalidRequest
+from switchboard.engine.chat import ChatMessage, ChatPrompt, render_chat
+from switchboard.engine.errors import InvalidRequest
 
 TEMPLATE = ("{% for m in messages %}<{{ m.role }}>{{ m.content }}</{{ m.role }}>{% endfor %}"
             "{% if add_generation_prompt %}<assistant>"

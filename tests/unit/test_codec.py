@@ -8,11 +8,11 @@ from collections.abc import Callable
 
 import pytest
 
-from engine.config import EngineLimits
-from engine.errors import InvalidRequest, PromptTooLong
-from engine.request import FinishReason, RequestOutput, RequestTimings
-from proto import grpc_service_pb2 as pb
-from server.codec import (InferCall, InferResult, InputKind, aggregate, build_engine_request,
+from switchboard.engine.config import EngineLimits
+from switchboard.engine.errors import InvalidRequest, PromptTooLong
+from switchboard.engine.request import FinishReason, RequestOutput, RequestTimings
+from switchboard.proto import grpc_service_pb2 as pb
+from switchboard.server.codec import (InferCall, InferResult, InputKind, aggregate, build_engine_request,
                           decode_infer_request, deserialize_bytes, infer_response,
                           parameters_from_pb, serialize_bytes, stream_response)
 

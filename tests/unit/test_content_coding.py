@@ -7,8 +7,8 @@ import zlib
 
 import pytest
 
-from gateway.content_coding import body_decoder
-from gateway.errors import RequestError
+from switchboard.gateway.content_coding import body_decoder
+from switchboard.gateway.errors import RequestError
 
 BODY = b'{"text_input": "The capital of France is", "parameters": {"max_new_tokens": 4}}'
 ENCODERS = {"gzip": gzip.compress, "deflate": zlib.compress}

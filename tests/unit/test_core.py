@@ -9,10 +9,10 @@ import pytest
 import torch
 from fakes import EOS_ID, FakeRunner, ids, make_core, make_request, run
 
-from engine.core import EngineStats
-from engine.errors import GenerationFailed, RequestTimedOut
-from engine.params import GenerationRequest
-from engine.request import FinishReason, RequestOutput
+from switchboard.engine.core import EngineStats
+from switchboard.engine.errors import GenerationFailed, RequestTimedOut
+from switchboard.engine.params import GenerationRequest
+from switchboard.engine.request import FinishReason, RequestOutput
 
 
 def texts(outputs: list[RequestOutput]) -> list[str]:

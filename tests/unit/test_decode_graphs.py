@@ -10,9 +10,9 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from engine.decode_graphs import MAX_GRAPH_BATCH, batch_buckets, context_bucket
-from engine.measured_choice import MeasuredChoice
-from engine.paged_runner import PagedRunner, SequenceChunk
+from switchboard.engine.decode_graphs import MAX_GRAPH_BATCH, batch_buckets, context_bucket
+from switchboard.engine.measured_choice import MeasuredChoice
+from switchboard.engine.paged_runner import PagedRunner, SequenceChunk
 
 BLOCK_SIZE = 8
 NUM_BLOCKS = 160  # 4 sequences of up to 320 tokens

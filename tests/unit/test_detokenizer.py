@@ -11,9 +11,9 @@ from collections.abc import Sequence
 import pytest
 from transformers import AutoTokenizer
 
-from engine import loader
-from engine.detokenizer import REPLACEMENT_CHAR, IncrementalDetokenizer
-from server.cli import default_cache_dir
+from switchboard.engine import loader
+from switchboard.engine.detokenizer import REPLACEMENT_CHAR, IncrementalDetokenizer
+from switchboard.cli import default_cache_dir
 
 IM_END = 2
 TEXTS = {

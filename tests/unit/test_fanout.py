@@ -12,12 +12,12 @@ import torch
 from fakes import EOS_ID, VOCAB_SIZE, FakeRunner, make_core
 from test_async_engine import LIMITS, collect, eventually, run_with_engine
 
-from engine.async_engine import AsyncEngine
-from engine.errors import InvalidRequest
-from engine.fanout import generate_many
-from engine.params import GenerationRequest
-from engine.request import FinishReason, RequestOutput, TokenLogprob
-from engine.validation import build_request
+from switchboard.engine.async_engine import AsyncEngine
+from switchboard.engine.errors import InvalidRequest
+from switchboard.engine.fanout import generate_many
+from switchboard.engine.params import GenerationRequest
+from switchboard.engine.request import FinishReason, RequestOutput, TokenLogprob
+from switchboard.engine.validation import build_request
 
 PROMPT = [0, 1, 2]
 

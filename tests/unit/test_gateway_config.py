@@ -13,8 +13,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from gateway.config import GatewayConfig, Plane, PlaneConfig, TLSMode, UpstreamConfig
-from tls import DevPKIPaths, TLSConfigError, TLSFiles
+from switchboard.gateway.config import GatewayConfig, Plane, PlaneConfig, TLSMode, UpstreamConfig
+from switchboard.tls import DevPKIPaths, TLSConfigError, TLSFiles
 
 
 @pytest.fixture(scope="module")

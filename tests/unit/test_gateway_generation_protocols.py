@@ -8,12 +8,12 @@ import json
 
 import pytest
 
-from gateway.errors import RequestError
-from gateway.protocols import openai, tgi, vllm
-from gateway.protocols.generation import (Generation, field_in_protocol, generate_request,
+from switchboard.gateway.errors import RequestError
+from switchboard.gateway.protocols import openai, tgi, vllm
+from switchboard.gateway.protocols.generation import (Generation, field_in_protocol, generate_request,
                                           renamed)
-from gateway.protocols.parameters import UPSTREAM_GRACE_S, parameter_value
-from proto import switchboard_pb2 as sb
+from switchboard.gateway.protocols.parameters import UPSTREAM_GRACE_S, parameter_value
+from switchboard.proto import switchboard_pb2 as sb
 
 USER = {"role": "user", "content": "Hi"}
 

@@ -7,11 +7,11 @@ import asyncio
 
 import pytest
 
-from gateway.errors import RequestError
-from gateway.lifecycle import Lifecycle
-from gateway.protocols.mindie_management import (GIB, config_json, health_timeout, metrics_json,
+from switchboard.gateway.errors import RequestError
+from switchboard.gateway.lifecycle import Lifecycle
+from switchboard.gateway.protocols.mindie_management import (GIB, config_json, health_timeout, metrics_json,
                                                  status_json)
-from proto import switchboard_pb2 as sb
+from switchboard.proto import switchboard_pb2 as sb
 
 PARAMETERS = {"max_seq_len": "2048", "max_input_len": "2047", "max_iter_times": "512",
               "max_running_requests": "8", "block_size": "16", "kv_cache_bytes": str(3 * GIB // 2),

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.errors import RequestError
-from gateway.protocols import mindie
-from gateway.protocols.generation import Generation
-from gateway.protocols.parameters import UPSTREAM_GRACE_S
-from proto import switchboard_pb2 as sb
+from switchboard.gateway.errors import RequestError
+from switchboard.gateway.protocols import mindie
+from switchboard.gateway.protocols.generation import Generation
+from switchboard.gateway.protocols.parameters import UPSTREAM_GRACE_S
+from switchboard.proto import switchboard_pb2 as sb
 
 
 def response(text: str, token_id: int, *, latency_us: int = 5000, finish: str = "",

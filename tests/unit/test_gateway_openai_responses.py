@@ -7,12 +7,12 @@ import json
 
 import pytest
 
-from gateway.errors import RequestError
-from gateway.protocols import openai_responses as responses
-from gateway.protocols.generation import Generation
-from gateway.protocols.openai import UNLIMITED
-from gateway.protocols.parameters import parameter_value
-from proto import switchboard_pb2 as sb
+from switchboard.gateway.errors import RequestError
+from switchboard.gateway.protocols import openai_responses as responses
+from switchboard.gateway.protocols.generation import Generation
+from switchboard.gateway.protocols.openai import UNLIMITED
+from switchboard.gateway.protocols.parameters import parameter_value
+from switchboard.proto import switchboard_pb2 as sb
 
 
 def params(request: sb.GenerateRequest) -> dict[str, object]:

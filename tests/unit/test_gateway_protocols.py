@@ -10,13 +10,13 @@ import grpc
 import numpy as np
 import pytest
 
-from gateway.errors import KSERVE_HTTP_STATUS, RequestError, client_message, http_status
-from gateway.protocols import kserve, triton
-from gateway.protocols.parameters import UPSTREAM_GRACE_S, set_parameters, to_parameter
-from gateway.sse import sse_event
-from proto import grpc_service_pb2 as pb
-from proto import model_config_pb2 as mc
-from proto.tensor_bytes import deserialize_bytes, serialize_bytes
+from switchboard.gateway.errors import KSERVE_HTTP_STATUS, RequestError, client_message, http_status
+from switchboard.gateway.protocols import kserve, triton
+from switchboard.gateway.protocols.parameters import UPSTREAM_GRACE_S, set_parameters, to_parameter
+from switchboard.gateway.sse import sse_event
+from switchboard.proto import grpc_service_pb2 as pb
+from switchboard.proto import model_config_pb2 as mc
+from switchboard.proto.tensor_bytes import deserialize_bytes, serialize_bytes
 
 UINT32_MAX = 2**32 - 1
 

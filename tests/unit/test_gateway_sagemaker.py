@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from gateway import generation_handlers as generation
-from gateway.app import ROUTES
-from gateway.config import Plane
-from gateway.errors import RequestError
-from gateway.protocols import sagemaker
+from switchboard.gateway import generation_handlers as generation
+from switchboard.gateway.app import ROUTES
+from switchboard.gateway.config import Plane
+from switchboard.gateway.errors import RequestError
+from switchboard.gateway.protocols import sagemaker
 
 USER = {"role": "user", "content": "Hi"}
 

@@ -11,12 +11,12 @@ import pytest
 from fakes import EOS_ID, FakeRunner, make_core, make_request, run
 from test_async_engine import collect, run_with_engine
 
-from engine.config import EngineLimits
-from engine.errors import InvalidRequest
-from engine.guided import GuideBuilder, allowed_tokens, choice_pattern, json_schema_pattern
-from engine.params import OutputPattern
-from engine.request import FinishReason
-from engine.validation import build_request
+from switchboard.engine.config import EngineLimits
+from switchboard.engine.errors import InvalidRequest
+from switchboard.engine.guided import GuideBuilder, allowed_tokens, choice_pattern, json_schema_pattern
+from switchboard.engine.params import OutputPattern
+from switchboard.engine.request import FinishReason
+from switchboard.engine.validation import build_request
 
 LIMITS = EngineLimits(vocab_size=100, max_seq_len=64, max_input_len=63, max_iter_times=64)
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"},

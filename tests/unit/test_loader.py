@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.loader import ModelLoadError, default_model_path, resolve_device, resolve_dtype
+from switchboard.engine.loader import ModelLoadError, default_model_path, resolve_device, resolve_dtype
 
 
 @pytest.mark.skipif(importlib.util.find_spec("torch_npu") is not None, reason="torch_npu present")

@@ -10,9 +10,9 @@ import torch
 import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from engine import attention, measured_choice
-from engine.measured_choice import MeasuredChoice, fastest_overall
-from engine.paged_runner import PagedRunner, SequenceChunk, measured_layers
+from switchboard.engine import attention, measured_choice
+from switchboard.engine.measured_choice import MeasuredChoice, fastest_overall
+from switchboard.engine.paged_runner import PagedRunner, SequenceChunk, measured_layers
 
 
 def slow(x: torch.Tensor, products: int = 200) -> torch.Tensor:

@@ -14,11 +14,11 @@ from types import SimpleNamespace
 import pytest
 import tornado.web
 
-from engine import validation
-from gateway import openapi
-from gateway.app import ROUTES, make_app
-from gateway.config import Plane
-from gateway.protocols import openai, tgi
+from switchboard.engine import validation
+from switchboard.gateway import openapi
+from switchboard.gateway.app import ROUTES, make_app
+from switchboard.gateway.config import Plane
+from switchboard.gateway.protocols import openai, tgi
 
 ALL_ROUTES = [openapi.Route(plane.value, pattern, handler, name)
               for plane, rules in ROUTES.items() for pattern, handler, name in rules]

@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.measured_choice import FP32_PACKINGS, MeasuredChoice
-from engine.paged_runner import PackedProjection, Projection
+from switchboard.engine.measured_choice import FP32_PACKINGS, MeasuredChoice
+from switchboard.engine.paged_runner import PackedProjection, Projection
 
 
 @pytest.mark.parametrize("out_features", [48, 47])

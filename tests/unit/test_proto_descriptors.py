@@ -21,7 +21,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 DUMP_SCRIPT = Path(__file__).with_name("_dump_descriptors.py")
 
 TRITON_MODULES = ["tritonclient.grpc.service_pb2", "tritonclient.grpc.model_config_pb2"]
-OUR_MODULES = ["proto.grpc_service_pb2", "proto.model_config_pb2"]
+OUR_MODULES = ["switchboard.proto.grpc_service_pb2", "switchboard.proto.model_config_pb2"]
 KINDS = ["messages", "enums", "methods"]
 
 Schema = dict[str, dict[str, Any]]

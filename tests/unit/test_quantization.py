@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.measured_choice import MeasuredChoice
-from engine.quantization import (DEQUANTIZE_CHANNELS, INT4_GROUP_SIZE, Bf16Copy, Fp16Copy,
+from switchboard.engine.measured_choice import MeasuredChoice
+from switchboard.engine.quantization import (DEQUANTIZE_CHANNELS, INT4_GROUP_SIZE, Bf16Copy, Fp16Copy,
                                  QuantizationError, QuantizationPlan, QuantizedEmbedding,
                                  QuantizedProjection, QuantizedWeight, RefinedHead, Scratch)
 

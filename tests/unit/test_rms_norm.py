@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-from engine.paged_runner import RMSNorm
+from switchboard.engine.paged_runner import RMSNorm
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -11,10 +11,10 @@ import pytest
 import torch
 from fakes import FakeTokenizer
 
-from engine.detokenizer import IncrementalDetokenizer
-from engine.params import GenerationRequest, SamplingParams
-from engine.request import Request, TokenLogprob
-from engine.sampler import make_generator, sample_batch, sample_row
+from switchboard.engine.detokenizer import IncrementalDetokenizer
+from switchboard.engine.params import GenerationRequest, SamplingParams
+from switchboard.engine.request import Request, TokenLogprob
+from switchboard.engine.sampler import make_generator, sample_batch, sample_row
 
 # Probabilities 0.5, 0.3, 0.2: the entropy (1.03 nats) is closest to token 1's surprisal (1.20).
 SKEWED = torch.tensor([math.log(0.5), math.log(0.3), math.log(0.2)])

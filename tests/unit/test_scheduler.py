@@ -12,10 +12,10 @@ import pytest
 import torch
 from fakes import FakeRunner, letters, make_core, make_request
 
-from engine.core import EngineCore
-from engine.errors import GenerationFailed, RequestTimedOut
-from engine.paged_runner import SequenceChunk
-from engine.request import FinishReason, RequestOutput, RequestStatus
+from switchboard.engine.core import EngineCore
+from switchboard.engine.errors import GenerationFailed, RequestTimedOut
+from switchboard.engine.paged_runner import SequenceChunk
+from switchboard.engine.request import FinishReason, RequestOutput, RequestStatus
 
 DEFAULT_SCRIPT = FakeRunner.DEFAULT_SCRIPT
 

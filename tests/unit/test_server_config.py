@@ -11,16 +11,16 @@ from pathlib import Path
 import grpc
 import pytest
 
-from engine import errors as engine_errors
-from engine.config import EngineConfig, EngineLimits
-from engine.errors import (EngineDead, EngineError, GenerationFailed, InvalidRequest, NotFound,
+from switchboard.engine import errors as engine_errors
+from switchboard.engine.config import EngineConfig, EngineLimits
+from switchboard.engine.errors import (EngineDead, EngineError, GenerationFailed, InvalidRequest, NotFound,
                            Overloaded, PromptTooLong, RequestTimedOut)
-from gateway.config import GatewayConfig, Plane, TLSMode
-from server.cli import KEY_PASSWORD_ENV, _configs, _describe, _parser, gateway_config
-from server.config import (ConfigError, ServerConfig, crl_file_from_settings, read_config_file,
+from switchboard.gateway.config import GatewayConfig, Plane, TLSMode
+from switchboard.cli import KEY_PASSWORD_ENV, _configs, _describe, _parser, gateway_config
+from switchboard.server.config import (ConfigError, ServerConfig, crl_file_from_settings, read_config_file,
                            tls_files_from_settings)
-from server.errors import status_for
-from tls import (CertificateAuthority, DevPKIPaths, TLSConfigError, TLSFiles, create_crl,
+from switchboard.server.errors import status_for
+from switchboard.tls import (CertificateAuthority, DevPKIPaths, TLSConfigError, TLSFiles, create_crl,
                  write_dev_pki)
 
 
@@ -418,7 +418,7 @@ def test_a_limit_above_what_holds_is_logged_with_what_does(caplog: pytest.LogCap
                                                            capacity: int, message: str) -> None:
     """The effective configuration logged at start shows the file's maxSeqLen; what the model
     and the KV pool allow is what holds, and the log says so."""
-    with caplog.at_level(logging.WARNING, logger="engine.config"):
+    with caplog.at_level(logging.WARNING, logger="switchboard.engine.config"):
         limits = EngineLimits.from_config(EngineConfig(max_seq_len=100_000), vocab_size=10,
                                           max_position_embeddings=8192,
                                           kv_capacity_tokens=capacity)

@@ -10,14 +10,14 @@ from collections.abc import AsyncIterator
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.config import EngineLimits
-from engine.core import EngineStats
-from engine.errors import EngineDead, RequestTimedOut
-from engine.params import GenerationRequest
-from engine.request import FinishReason, RequestOutput, RequestTimings
-from engine.validation import build_request
-from server.metrics import MOVING_AVERAGE_REQUESTS, RequestRecorder, ServerMetrics
-from server.served_model import ServedModel
+from switchboard.engine.config import EngineLimits
+from switchboard.engine.core import EngineStats
+from switchboard.engine.errors import EngineDead, RequestTimedOut
+from switchboard.engine.params import GenerationRequest
+from switchboard.engine.request import FinishReason, RequestOutput, RequestTimings
+from switchboard.engine.validation import build_request
+from switchboard.server.metrics import MOVING_AVERAGE_REQUESTS, RequestRecorder, ServerMetrics
+from switchboard.server.served_model import ServedModel
 
 MODEL = "m"
 STATS = EngineStats(num_free_blocks=25, num_total_blocks=100, num_waiting=3, num_running=2,

@@ -11,12 +11,12 @@ from collections.abc import Sequence
 
 import pytest
 
-from engine.chat import ChatMessage, ChatPrompt
-from engine.config import EngineLimits
-from engine.errors import InvalidRequest
-from proto import switchboard_pb2 as sb
-from server.generation import GenerationServicer, chat_prompt
-from server.served_model import ServedModel
+from switchboard.engine.chat import ChatMessage, ChatPrompt
+from switchboard.engine.config import EngineLimits
+from switchboard.engine.errors import InvalidRequest
+from switchboard.proto import switchboard_pb2 as sb
+from switchboard.server.generation import GenerationServicer, chat_prompt
+from switchboard.server.served_model import ServedModel
 
 MODEL = "m"
 LIMITS = EngineLimits(vocab_size=1000, max_seq_len=64, max_input_len=63, max_iter_times=64)

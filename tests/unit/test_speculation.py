@@ -11,9 +11,9 @@ import pytest
 import torch
 from fakes import FakeRunner, ids, make_core, make_request, run
 
-from engine.core import EngineCore
-from engine.params import GenerationRequest
-from engine.speculation import MAX_PAUSE_STEPS, DraftWindow, propose_ngram
+from switchboard.engine.core import EngineCore
+from switchboard.engine.params import GenerationRequest
+from switchboard.engine.speculation import MAX_PAUSE_STEPS, DraftWindow, propose_ngram
 
 
 @pytest.mark.parametrize(("text", "num_tokens", "expected"), [

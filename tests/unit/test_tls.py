@@ -16,7 +16,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.x509.oid import ExtendedKeyUsageOID
 from cryptography.x509.verification import DNSName, IPAddress, PolicyBuilder, Store, VerificationError
 
-from tls import (
+from switchboard.tls import (
     CertificateAuthority,
     Credential,
     DevPKIPaths,
@@ -29,7 +29,7 @@ from tls import (
     issue_certificate,
     write_dev_pki,
 )
-from tls.__main__ import main as cli_main
+from switchboard.tls.__main__ import main as cli_main
 
 MINDIE_NAMES = {"ca.pem", "ca.key.pem", "server.pem", "server.key.pem", "client.pem", "client.key.pem"}
 
@@ -196,7 +196,7 @@ def test_a_certificate_outside_its_validity_loads_with_a_warning(
     paths.ca_cert.write_bytes(ca.certificate_pem())
     paths.server_cert.write_bytes(credential.certificate_pem())
     paths.server_key.write_bytes(credential.private_key_pem())
-    with caplog.at_level("WARNING", logger="tls.files"):
+    with caplog.at_level("WARNING", logger="switchboard.tls.files"):
         dev_files(tmp_path, "server").load()
     [record] = caplog.records
     assert record.getMessage().startswith(f"certificate {paths.server_cert} is valid from ")
@@ -205,7 +205,7 @@ def test_a_certificate_outside_its_validity_loads_with_a_warning(
 
 def test_a_certificate_within_its_validity_loads_without_a_warning(
         dev_pki: DevPKIPaths, caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level("WARNING", logger="tls.files"):
+    with caplog.at_level("WARNING", logger="switchboard.tls.files"):
         dev_files(dev_pki.folder, "server").load()
     assert caplog.records == []
 

@@ -24,13 +24,13 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from gateway.errors import RequestError
-from gateway.protocols import kserve, mindie, mindie_management, openai, tgi, triton, vllm
-from gateway.protocols.parameters import (INT64_MAX, MICROSECONDS, UINT32_MAX, UINT64_MAX,
+from switchboard.gateway.errors import RequestError
+from switchboard.gateway.protocols import kserve, mindie, mindie_management, openai, tgi, triton, vllm
+from switchboard.gateway.protocols.parameters import (INT64_MAX, MICROSECONDS, UINT32_MAX, UINT64_MAX,
                                           UPSTREAM_GRACE_S, parameter_value)
-from proto import vllm_sampling
-from proto.tensor_bytes import deserialize_bytes
-from proto.vllm_backend_tensors import CONTROL_INPUTS
+from switchboard.proto import vllm_sampling
+from switchboard.proto.tensor_bytes import deserialize_bytes
+from switchboard.proto.vllm_backend_tensors import CONTROL_INPUTS
 
 PROPERTY = settings(max_examples=100, deadline=None, database=None)
 ROUND_TRIP = settings(max_examples=40, deadline=None, database=None)

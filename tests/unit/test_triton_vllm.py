@@ -10,13 +10,13 @@ import pytest
 from test_codec import (LIMITS, TEXT, add_string, output, rejection, text_request,
                         token_request, with_parameters)
 
-from engine.errors import InvalidRequest
-from engine.request import FinishReason
-from proto import grpc_service_pb2 as pb
-from server.codec import (InferResult, build_engine_request, decode_infer_request,
+from switchboard.engine.errors import InvalidRequest
+from switchboard.engine.request import FinishReason
+from switchboard.proto import grpc_service_pb2 as pb
+from switchboard.server.codec import (InferResult, build_engine_request, decode_infer_request,
                           final_stream_response, infer_response, serialize_bytes,
                           stream_response)
-from server.triton_vllm import VllmOptions
+from switchboard.server.triton_vllm import VllmOptions
 
 
 def add_bool(request: pb.ModelInferRequest, name: str, value: bool, *, raw: bool = True) -> None:

@@ -7,10 +7,10 @@ import math
 
 import pytest
 
-from engine.config import EngineLimits
-from engine.errors import InvalidRequest, PromptTooLong
-from engine.params import GenerationRequest
-from engine.validation import MINDIE_SEED_RANGE, build_request
+from switchboard.engine.config import EngineLimits
+from switchboard.engine.errors import InvalidRequest, PromptTooLong
+from switchboard.engine.params import GenerationRequest
+from switchboard.engine.validation import MINDIE_SEED_RANGE, build_request
 
 LIMITS = EngineLimits(vocab_size=100, max_seq_len=64, max_input_len=63, max_iter_times=32)
 PROMPT = (1, 2, 3)

@@ -16,17 +16,17 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from engine.config import DEVICES, DTYPES, QUANTIZATIONS, EngineConfig
-from gateway.config import (DEFAULT_BUSINESS_PORT, DEFAULT_CLIENT_TIMEOUT_S, DEFAULT_HTTP_HOST,
+from switchboard.engine.config import DEVICES, DTYPES, QUANTIZATIONS, EngineConfig
+from switchboard.gateway.config import (DEFAULT_BUSINESS_PORT, DEFAULT_CLIENT_TIMEOUT_S, DEFAULT_HTTP_HOST,
                             DEFAULT_MANAGEMENT_PORT, DEFAULT_MAX_BODY_BYTES,
                             DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_HEADER_BYTES,
                             DEFAULT_METRICS_PORT, DEFAULT_UPSTREAM,
                             GatewayConfig, Plane, PlaneConfig, TLSMode, UpstreamConfig)
-from server.config import (DEFAULT_GRPC_HOST, DEFAULT_GRPC_PORT, DEFAULT_MODEL_NAME, ConfigError,
+from switchboard.server.config import (DEFAULT_GRPC_HOST, DEFAULT_GRPC_PORT, DEFAULT_MODEL_NAME, ConfigError,
                            ServerConfig, crl_file_from_settings, read_config_file,
                            tls_files_from_settings)
-from server.process import ChildProcess, GatewayProcess, ServerProcess
-from tls import TLSConfigError, TLSFiles, dev_files
+from switchboard.process import ChildProcess, GatewayProcess, ServerProcess
+from switchboard.tls import TLSConfigError, TLSFiles, dev_files
 
 logger = logging.getLogger("switchboard")
 
@@ -175,8 +175,8 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     logger.info("effective configuration: %s", json.dumps(_describe(engine_config, server_config)))
     # These import torch and transformers: only when serving.
-    from engine.loader import ModelLoadError
-    from server.app import ListenError, serve
+    from switchboard.engine.loader import ModelLoadError
+    from switchboard.server.app import ListenError, serve
 
     try:
         asyncio.run(serve(engine_config, server_config))
@@ -211,7 +211,7 @@ def _gateway(args: argparse.Namespace) -> int:
     except (ConfigError, TLSConfigError, ValueError) as error:
         logger.error("%s", error)
         return 2
-    from gateway.app import ListenError, serve as serve_gateway
+    from switchboard.gateway.app import ListenError, serve as serve_gateway
 
     try:
         asyncio.run(serve_gateway(config))

@@ -36,7 +36,7 @@ class ChildProcess:
         # A process group of its own: a terminal's Ctrl-C reaches the parent only, which
         # decides what the child gets (a second signal stops it without draining).
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "server", *args],
+            [sys.executable, "-m", "switchboard", *args],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             process_group=0,
         )
