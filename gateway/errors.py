@@ -4,6 +4,8 @@ gRPC statuses of the server, mapped to HTTP statuses per protocol family."""
 from __future__ import annotations
 
 import grpc
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
 
 # KServe v2 / Triton / MindIE's Triton routes. Load refusals are 503 outside TGI (TGI: 429).
 KSERVE_HTTP_STATUS: dict[grpc.StatusCode, int] = {
@@ -38,17 +40,45 @@ OPAQUE_STATUSES = {
 
 class RequestError(Exception):
     """An HTTP request the gateway refuses before calling the server (status, message, and
-    the field at fault when there is one)."""
+    the field at fault when there is one, with the reason the message gives after its name)."""
 
-    def __init__(self, status: int, message: str, field: str | None = None) -> None:
+    def __init__(self, status: int, message: str, field: str | None = None,
+                 reason: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.field = field
+        self.reason = reason
 
 
 def bad_request(field: str, reason: str) -> RequestError:
-    return RequestError(400, f"{field}: {reason}" if field else reason, field or None)
+    if not field:
+        return RequestError(400, reason)
+    return RequestError(400, f"{field}: {reason}", field, reason)
+
+
+def field_violation(error: grpc.aio.AioRpcError) -> tuple[str, str] | None:
+    """The field the server refused and why, from its rich status (a `google.rpc.BadRequest`
+    field violation); None when the status names no field."""
+    try:
+        status = rpc_status.from_call(error)
+    except ValueError:  # a status whose details disagree with its code: none of ours
+        return None
+    for detail in status.details if status is not None else ():
+        request = error_details_pb2.BadRequest()
+        if detail.Unpack(request) and request.field_violations:
+            violation = request.field_violations[0]
+            return violation.field, violation.description
+    return None
+
+
+def field_in_protocol(field: str, reason: str, names: Mapping[str, str]) -> tuple[str, str]:
+    """A refused field (the server's path, such as `stop[1]`) and its message, both under the
+    protocol's names (`names` maps the protocol's names to MindIE's)."""
+    base = field.split("[", 1)[0].split(".", 1)[0]
+    ours = {server: protocol for protocol, server in names.items()}.get(base)
+    protocol_field = field if ours is None else ours + field[len(base):]
+    return protocol_field, f"{protocol_field}: {reason}"
 
 
 def http_status(code: grpc.StatusCode, table: dict[grpc.StatusCode, int]) -> int:

@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import dataclasses
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable
 from typing import TypeVar
 
 import grpc
@@ -15,7 +15,7 @@ import grpc
 from switchboard.gateway.errors import RequestError
 from switchboard.gateway.handler import METADATA_TIMEOUT_S, Handler
 from switchboard.gateway.protocols import mindie, openai, openai_responses, sagemaker, tgi, vllm
-from switchboard.gateway.protocols.generation import Generation, field_in_protocol
+from switchboard.gateway.protocols.generation import Generation
 from switchboard.gateway.protocols.kserve import parse_json
 from switchboard.gateway.sse import DONE_EVENT, sse_event
 from switchboard.proto import grpc_service_pb2 as pb
@@ -28,8 +28,6 @@ OptionsT = TypeVar("OptionsT", openai.OpenAIOptions, openai_responses.ResponsesO
 class GenerationHandler(Handler):
     """Calls Generate; errors name fields in the protocol's terms (`names`: the protocol's
     names → MindIE's)."""
-
-    names: Mapping[str, str] = {}
 
     def generate(self, request: sb.GenerateRequest, deadline_s: float
                  ) -> grpc.aio.UnaryStreamCall:
@@ -45,27 +43,12 @@ class GenerationHandler(Handler):
         return await self.track(self.upstream.generation.Tokenize(
             request, timeout=METADATA_TIMEOUT_S))
 
-    def describe_field_error(self, error: BaseException | None, status: int
-                             ) -> tuple[int, str, str | None]:
-        if isinstance(error, RequestError):
-            return error.status, error.message, error.field
-        status, message = self.describe_error(error, status)
-        if isinstance(error, grpc.aio.AioRpcError) \
-                and error.code() is grpc.StatusCode.INVALID_ARGUMENT:
-            field, message = field_in_protocol(message, self.names)
-            return status, message, field
-        return status, message, None
-
-    def error_document(self, error: BaseException | None, status: int) -> tuple[int, object]:
-        status, message, _ = self.describe_field_error(error, status)
-        return status, self.error_body(status, message)
-
 
 def openai_error_document(handler: GenerationHandler, error: BaseException | None,
                           status: int) -> tuple[int, object]:
     """OpenAI's status and error body; a model the server does not serve is named as vLLM's
     `param` names it."""
-    status, message, field = GenerationHandler.describe_field_error(handler, error, status)
+    status, message, field = GenerationHandler.describe_error(handler, error, status)
     if isinstance(error, grpc.aio.AioRpcError) and error.code() is grpc.StatusCode.NOT_FOUND:
         field = "model"
     return status, openai.error_body(status, message, field)
@@ -79,9 +62,9 @@ class TgiHandler(GenerationHandler):
     stream: bool | None = False  # None: the body's `stream` decides (POST /)
     compat = False  # POST / answers a one-element array
 
-    def describe_field_error(self, error: BaseException | None, status: int
-                             ) -> tuple[int, str, str | None]:
-        status, message, field = super().describe_field_error(error, status)
+    def describe_error(self, error: BaseException | None, status: int
+                       ) -> tuple[int, str, str | None]:
+        status, message, field = super().describe_error(error, status)
         return (422 if status == 400 else status), message, field
 
     def error_body(self, status: int, message: str) -> object:
@@ -426,9 +409,9 @@ class MindIEHandler(GenerationHandler):
     status_table = mindie.HTTP_STATUS
     tokens = False  # /infer_token: token ids in and out
 
-    def describe_field_error(self, error: BaseException | None, status: int
-                             ) -> tuple[int, str, str | None]:
-        status, message, field = super().describe_field_error(error, status)
+    def describe_error(self, error: BaseException | None, status: int
+                       ) -> tuple[int, str, str | None]:
+        status, message, field = super().describe_error(error, status)
         return (422 if status == 400 and field else status), message, field
 
     def error_body(self, status: int, message: str) -> object:

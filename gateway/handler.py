@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterable, Callable, Iterable
+from collections.abc import AsyncIterable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -17,7 +17,8 @@ from tornado.iostream import StreamClosedError
 
 from switchboard.gateway.content_coding import ACCEPTED, UNSUPPORTED_STATUS, BodyDecoder, body_decoder
 from switchboard.gateway.errors import (CREDENTIAL_STATUSES, KSERVE_HTTP_STATUS, RequestError,
-                            client_message, http_status)
+                                        client_message, field_in_protocol, field_violation,
+                                        http_status)
 from switchboard.gateway.lifecycle import Lifecycle
 from switchboard.gateway.metrics import GatewayMetrics
 from switchboard.gateway.sse import CONTENT_TYPE, sse_event
@@ -55,6 +56,8 @@ class Handler(tornado.web.RequestHandler):
 
     status_table = KSERVE_HTTP_STATUS
     runs_inference = False
+    # The protocol's field names → the server's, where they differ: errors name its fields.
+    names: Mapping[str, str] = {}
 
     def initialize(self, services: Services, route: str) -> None:
         self.services = services
@@ -180,15 +183,22 @@ class Handler(tornado.web.RequestHandler):
             self.on_connection_close()
             return False
 
-    def describe_error(self, error: BaseException | None, status: int) -> tuple[int, str]:
+    def describe_error(self, error: BaseException | None, status: int
+                       ) -> tuple[int, str, str | None]:
+        """The HTTP status, the message and the field at fault (under the protocol's names:
+        `names`) of an error; the server names a refused field in its status details."""
         if isinstance(error, RequestError):
-            return error.status, error.message
+            return error.status, error.message, error.field
         if isinstance(error, grpc.aio.AioRpcError):
-            return (http_status(error.code(), self.status_table),
-                    client_message(error.code(), error.details()))
+            status = http_status(error.code(), self.status_table)
+            if (violation := field_violation(error)) is not None:
+                field, message = field_in_protocol(*violation, self.names)
+                return status, message, field
+            return status, client_message(error.code(), error.details()), None
         if isinstance(error, tornado.web.HTTPError):
-            return error.status_code, error.log_message or responses.get(error.status_code, "error")
-        return status, "internal error"
+            return (error.status_code,
+                    error.log_message or responses.get(error.status_code, "error"), None)
+        return status, "internal error", None
 
     def allowed_methods(self) -> list[str]:
         """The HTTP methods this route answers: those its handler implements."""
@@ -201,7 +211,7 @@ class Handler(tornado.web.RequestHandler):
 
     def error_document(self, error: BaseException | None, status: int) -> tuple[int, object]:
         """The HTTP status and the protocol's error body for an error."""
-        status, message = self.describe_error(error, status)
+        status, message, _ = self.describe_error(error, status)
         return status, self.error_body(status, message)
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:

@@ -183,10 +183,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                     yield item
                     continue
                 request, error = item
-                code, message = refusal(error)
+                status = refusal(error)
                 if status_errors:
-                    await context.abort(code, message)
-                yield codec.stream_error(request, message)
+                    await context.abort(*status)
+                yield codec.stream_error(request, status.details)
         finally:
             for task in (reader, *running):
                 task.cancel()

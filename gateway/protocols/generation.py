@@ -1,22 +1,18 @@
 """What the TGI, vLLM and OpenAI translators share: a switchboard.v1 GenerateRequest built
-from a protocol's parameters, a generation's responses collected per sequence, and the
-server's error messages told in the protocol's own field names."""
+from a protocol's parameters, and a generation's responses collected per sequence."""
 
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from switchboard.gateway.errors import RequestError, bad_request
+from switchboard.gateway.errors import RequestError, bad_request, field_in_protocol
 from switchboard.gateway.protocols.parameters import UINT32_MAX, set_parameters
 from switchboard.proto import switchboard_pb2 as sb
 
 # The server's name for the prompt, whatever a protocol calls it.
 PROMPT = "prompt"
-# The server's InvalidRequest messages start with the field's name.
-_FIELD = re.compile(r"(?P<field>[A-Za-z_][\w.\[\]]*): (?P<reason>.*)", re.DOTALL)
 
 
 def generate_request(model: str, prompt: str | list[int] | sb.ChatMessages,
@@ -41,10 +37,10 @@ def generate_request(model: str, prompt: str | list[int] | sb.ChatMessages,
             parameters = {**parameters, "stop": [parameters["stop"]]}
         return request, set_parameters(request.parameters, parameters)
     except RequestError as error:
-        if error.field is None or not names:
+        if error.field is None or error.reason is None or not names:
             raise
-        field, message = field_in_protocol(error.message, names)
-        raise RequestError(error.status, message, field or error.field) from None
+        field, message = field_in_protocol(error.field, error.reason, names)
+        raise RequestError(error.status, message, field) from None
 
 
 def add_output_format(field: str, value: object, values: dict[str, object],
@@ -102,21 +98,6 @@ def renamed(values: Mapping[str, object], names: Mapping[str, str]) -> dict[str,
     """A protocol's parameters under MindIE's names; nulls dropped, unnamed ones kept as is
     (the server refuses unknown names)."""
     return {names.get(name, name): value for name, value in values.items() if value is not None}
-
-
-def field_in_protocol(message: str, names: Mapping[str, str]) -> tuple[str | None, str]:
-    """The field a server message names, and the message, both under the protocol's names
-    (`names` maps the protocol's names to MindIE's)."""
-    match = _FIELD.fullmatch(message)
-    if match is None:
-        return None, message
-    server_field = match["field"]
-    base = re.split(r"[.\[]", server_field, maxsplit=1)[0]
-    ours = {server: protocol for protocol, server in names.items()}.get(base)
-    if ours is None:
-        return server_field, message
-    protocol_field = ours + server_field[len(base):]
-    return protocol_field, f"{protocol_field}: {match['reason']}"
 
 
 @dataclass(slots=True)

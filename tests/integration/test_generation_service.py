@@ -9,6 +9,8 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
@@ -96,6 +98,15 @@ def rpc_error(stub: sb_grpc.GenerationStub, message: sb.GenerateRequest) -> grpc
     with pytest.raises(grpc.RpcError) as raised:
         generate(stub, message)
     return raised.value
+
+
+def field_violations(error: grpc.RpcError) -> list[tuple[str, str]]:
+    """The (field, description) pairs of the google.rpc.BadRequest in the error's status."""
+    bad_request = error_details_pb2.BadRequest()
+    status = rpc_status.from_call(error)
+    assert status is not None and status.details[0].Unpack(bad_request), error.details()
+    return [(violation.field, violation.description)
+            for violation in bad_request.field_violations]
 
 
 def assert_still_serves(stub: sb_grpc.GenerationStub) -> None:
@@ -406,6 +417,8 @@ def test_invalid_request_is_invalid_argument_naming_the_field(grpc_server, gener
     error = rpc_error(generation, build())
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert error.details().startswith(f"{field}: "), error.details()
+    # The field travels apart from the text too, as gRPC's rich error model carries it.
+    assert field_violations(error) == [(field, error.details().removeprefix(f"{field}: "))]
     assert_still_serves(generation)
     # The server's own log line, for clients that call it directly.
     assert logged(grpc_server, f"request ended with INVALID_ARGUMENT: {error.details()}")

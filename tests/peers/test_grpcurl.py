@@ -42,6 +42,22 @@ def test_grpcurl_text_inference_with_typed_contents(grpc_server, client_files) -
     assert response["parameters"]["generated_tokens"] == {"int64_param": "8"}
 
 
+def test_grpcurl_reads_a_refused_field_from_the_status_details(grpc_server, client_files) -> None:
+    """A refusal is gRPC's rich error model: grpcurl prints the google.rpc.BadRequest field
+    violation (resolving its type through reflection) beside the message."""
+    request = {"model_name": "smollm2", "text": "Hi",
+               "parameters": {"temperature": {"double_param": -1}}}
+    refused = grpcurl(grpc_server.address, client_files, "-format-error", "-d", json.dumps(request),
+                      "switchboard.v1.Generation/Generate")
+    assert refused.returncode != 0
+    error = json.loads(refused.stderr)
+    assert error["code"] == 3 and error["message"].startswith("temperature: "), refused.stderr
+    (detail,) = error["details"]
+    assert detail["@type"] == "type.googleapis.com/google.rpc.BadRequest"
+    assert detail["field_violations"] == [
+        {"field": "temperature", "description": error["message"].removeprefix("temperature: ")}]
+
+
 def test_grpcurl_management_status_metrics_and_probe(grpc_server, client_files) -> None:
     """GetStatus, GetMetrics and ProbeGeneration through reflection; the probe generates a
     token but is not counted in the request metrics."""

@@ -8,10 +8,9 @@ import json
 
 import pytest
 
-from switchboard.gateway.errors import RequestError
+from switchboard.gateway.errors import RequestError, field_in_protocol
 from switchboard.gateway.protocols import openai, tgi, vllm
-from switchboard.gateway.protocols.generation import (Generation, field_in_protocol, generate_request,
-                                          renamed)
+from switchboard.gateway.protocols.generation import Generation, generate_request, renamed
 from switchboard.gateway.protocols.parameters import UPSTREAM_GRACE_S, parameter_value
 from switchboard.proto import switchboard_pb2 as sb
 
@@ -85,60 +84,50 @@ def completion(**fields: object) -> tuple[list[openai.Call], openai.OpenAIOption
 
 # --- generation.py: field names, parameters, the request ---------------------------------------
 
-@pytest.mark.parametrize("message, names, expected", [
-    ("min_new_tokens: must be in [0, 2147483647]; got -1", openai.NAMES,
+@pytest.mark.parametrize("violation, names, expected", [
+    (("min_new_tokens", "must be in [0, 2147483647]; got -1"), openai.NAMES,
      ("min_tokens", "min_tokens: must be in [0, 2147483647]; got -1")),
-    ("max_new_tokens: must be in [1, 2147483647]; got 0", vllm.NAMES,
+    (("max_new_tokens", "must be in [1, 2147483647]; got 0"), vllm.NAMES,
      ("max_tokens", "max_tokens: must be in [1, 2147483647]; got 0")),
-    ("prompt: has 9000 tokens; at most 4096 are accepted", tgi.NAMES,
+    (("prompt", "has 9000 tokens; at most 4096 are accepted"), tgi.NAMES,
      ("inputs", "inputs: has 9000 tokens; at most 4096 are accepted")),
-    ("top_logprobs: must be in [0, 20]; got 50", tgi.NAMES,
+    (("top_logprobs", "must be in [0, 20]; got 50"), tgi.NAMES,
      ("top_n_tokens", "top_n_tokens: must be in [0, 20]; got 50")),
-    ("prompt_logprobs: must be true or false", tgi.NAMES,
+    (("prompt_logprobs", "must be true or false"), tgi.NAMES,
      ("decoder_input_details", "decoder_input_details: must be true or false")),
     # Names the protocol shares with the server are kept, indexes included.
-    ("messages[0].role: must be one of system, user, assistant", openai.NAMES,
+    (("messages[0].role", "must be one of system, user, assistant"), openai.NAMES,
      ("messages[0].role", "messages[0].role: must be one of system, user, assistant")),
-    ("stop[1]: is empty", tgi.NAMES, ("stop[1]", "stop[1]: is empty")),
-    ("temperature: must be in (0, 100]; got 0", vllm.NAMES,
+    (("stop[1]", "is empty"), tgi.NAMES, ("stop[1]", "stop[1]: is empty")),
+    (("temperature", "must be in (0, 100]; got 0"), vllm.NAMES,
      ("temperature", "temperature: must be in (0, 100]; got 0")),
     # A reason over several lines keeps them all.
-    ("max_new_tokens: too many\nsee the limits", vllm.NAMES,
+    (("max_new_tokens", "too many\nsee the limits"), vllm.NAMES,
      ("max_tokens", "max_tokens: too many\nsee the limits")),
 ], ids=["openai-min", "vllm-max", "tgi-prompt", "tgi-top", "tgi-prefill", "indexed", "tgi-stop",
         "shared", "multiline"])
-def test_field_in_protocol_names_the_protocols_field(message, names, expected) -> None:
-    assert field_in_protocol(message, names) == expected
+def test_field_in_protocol_names_the_protocols_field(violation, names, expected) -> None:
+    assert field_in_protocol(*violation, names) == expected
 
 
 def test_field_in_protocol_renames_a_prefix_of_an_indexed_server_field() -> None:
     names = {"inputs": "prompt"}
-    assert field_in_protocol("prompt[3]: token id 99999 is outside the vocabulary", names) == \
+    assert field_in_protocol("prompt[3]", "token id 99999 is outside the vocabulary", names) == \
         ("inputs[3]", "inputs[3]: token id 99999 is outside the vocabulary")
 
 
 def test_openai_max_new_tokens_errors_name_max_tokens() -> None:
-    assert field_in_protocol("max_new_tokens: must be in [1, 2147483647]; got 0", openai.NAMES) \
+    assert field_in_protocol("max_new_tokens", "must be in [1, 2147483647]; got 0", openai.NAMES) \
         == ("max_tokens", "max_tokens: must be in [1, 2147483647]; got 0")
 
 
 def test_chat_errors_name_the_length_field_the_client_sent_and_messages_for_the_prompt() -> None:
-    message = "max_new_tokens: must be in [1, 2147483647]; got 0"
+    violation = ("max_new_tokens", "must be in [1, 2147483647]; got 0")
     _, options = chat(max_tokens=0)
-    assert field_in_protocol(message, options.names)[0] == "max_tokens"
+    assert field_in_protocol(*violation, options.names)[0] == "max_tokens"
     _, options = chat(max_completion_tokens=0)
-    assert field_in_protocol(message, options.names)[0] == "max_completion_tokens"
-    assert field_in_protocol("prompt: has 3000 tokens", options.names)[0] == "messages"
-
-
-@pytest.mark.parametrize("message", [
-    "the model is not ready",
-    "internal error",
-    "model 'x' not found: check the name",  # spaces before the colon: not a field
-    "no colon here",
-])
-def test_field_in_protocol_without_a_field(message: str) -> None:
-    assert field_in_protocol(message, openai.NAMES) == (None, message)
+    assert field_in_protocol(*violation, options.names)[0] == "max_completion_tokens"
+    assert field_in_protocol("prompt", "has 3000 tokens", options.names)[0] == "messages"
 
 
 def test_renamed_drops_nulls_and_keeps_unnamed_parameters() -> None:
@@ -342,12 +331,12 @@ def test_tgi_best_of_without_sampling_is_refused_by_the_server_naming_best_of() 
     request, _ = tgi_request({"best_of": 2})
     assert params(request)["n"] == 2 and "do_sample" not in params(request)
     # The server refuses n > 1 without sampling; the client reads TGI's field.
-    field, _ = field_in_protocol("n: several sequences need sampling (do_sample)", tgi.NAMES)
+    field, _ = field_in_protocol("n", "several sequences need sampling (do_sample)", tgi.NAMES)
     assert field == "best_of"
 
 
 def test_tgi_server_error_about_n_names_best_of() -> None:
-    field, _ = field_in_protocol("n: must be in [1, 16]; got 20", tgi.NAMES)
+    field, _ = field_in_protocol("n", "must be in [1, 16]; got 20", tgi.NAMES)
     assert field == "best_of"
 
 

@@ -10,13 +10,16 @@ import grpc
 import numpy as np
 import pytest
 
-from switchboard.gateway.errors import KSERVE_HTTP_STATUS, RequestError, client_message, http_status
+from switchboard.engine.errors import InvalidRequest, Overloaded
+from switchboard.gateway.errors import (KSERVE_HTTP_STATUS, RequestError, client_message,
+                                        field_violation, http_status)
 from switchboard.gateway.protocols import kserve, triton
 from switchboard.gateway.protocols.parameters import UPSTREAM_GRACE_S, set_parameters, to_parameter
 from switchboard.gateway.sse import sse_event
 from switchboard.proto import grpc_service_pb2 as pb
 from switchboard.proto import model_config_pb2 as mc
 from switchboard.proto.tensor_bytes import deserialize_bytes, serialize_bytes
+from switchboard.server.errors import refusal
 
 UINT32_MAX = 2**32 - 1
 
@@ -533,6 +536,29 @@ def test_grpc_status_maps_to_http(code: grpc.StatusCode, status: int) -> None:
 def test_client_message_hides_internals(code: grpc.StatusCode, details: str | None,
                                         message: str) -> None:
     assert client_message(code, details) == message
+
+
+def rpc_error(status: grpc.Status) -> grpc.aio.AioRpcError:
+    """The error a gateway's call ends with when the server aborts with `status`."""
+    return grpc.aio.AioRpcError(status.code, grpc.aio.Metadata(),
+                                grpc.aio.Metadata(*status.trailing_metadata), status.details)
+
+
+def test_a_refused_field_travels_in_the_status_details_not_the_text() -> None:
+    refused = rpc_error(refusal(InvalidRequest("stop[1]", "is empty")))
+    assert (refused.code(), refused.details()) == (grpc.StatusCode.INVALID_ARGUMENT,
+                                                   "stop[1]: is empty")
+    assert field_violation(refused) == ("stop[1]", "is empty")
+
+
+@pytest.mark.parametrize("error", [
+    rpc_error(refusal(Overloaded("too many requests"))),
+    # Text shaped as "field: reason" names no field without the status details.
+    grpc.aio.AioRpcError(grpc.StatusCode.INVALID_ARGUMENT, grpc.aio.Metadata(),
+                         grpc.aio.Metadata(), "top_k: must be >= 0")],
+    ids=["overloaded", "text-only"])
+def test_a_status_without_a_field_violation_names_no_field(error: grpc.aio.AioRpcError) -> None:
+    assert field_violation(error) is None
 
 
 def test_sse_event_is_one_compact_utf8_line() -> None:
