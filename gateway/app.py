@@ -13,6 +13,7 @@ import logging
 import resource
 import signal
 from collections import defaultdict
+from collections.abc import Callable, Mapping
 
 import tornado.netutil
 import tornado.web
@@ -197,9 +198,10 @@ def _allow_open_files(needed: int) -> None:
                            allowed, needed)
 
 
-async def serve(config: GatewayConfig) -> None:
+async def serve(config: GatewayConfig, on_ready: Callable[[Mapping[str, str]], None]) -> None:
     """Run until SIGINT, SIGTERM or /stopService; a signal lets the inference requests in
-    flight finish first, and a second signal stops at once."""
+    flight finish first, and a second signal stops at once. Once the planes listen,
+    `on_ready` gets each plane's base URL by its name."""
     gateway = Gateway(config)
     lifecycle = gateway.lifecycle
     signalled = asyncio.Event()
@@ -216,6 +218,7 @@ async def serve(config: GatewayConfig) -> None:
     gateway.start()
     planes = ", ".join(f"{plane.value} on {address}" for plane, address in gateway.addresses.items())
     logger.info("gateway ready: %s; upstream %s", planes, config.upstream.target)
+    on_ready({plane.value: address for plane, address in gateway.addresses.items()})
     await lifecycle.exit_requested.wait()
     logger.info("stopping: answering the requests in flight (signal again to stop at once)")
     drained = asyncio.create_task(lifecycle.drained())

@@ -8,11 +8,6 @@ import asyncio
 
 from switchboard.gateway.errors import RequestError
 
-# A forced stop (MindIE's /stopService?mode=Force, which kills its processes after 5 s) lets
-# the requests in flight run this long at most; the server, told by StopService, cuts them off
-# after as long.
-FORCED_STOP_S = 5.0
-
 
 class Lifecycle:
     def __init__(self) -> None:

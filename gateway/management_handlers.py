@@ -11,9 +11,9 @@ import prometheus_client
 
 from switchboard.gateway.errors import RequestError, client_message
 from switchboard.gateway.handler import METADATA_TIMEOUT_S, Handler
-from switchboard.gateway.lifecycle import FORCED_STOP_S
 from switchboard.gateway.protocols import mindie, mindie_management
 from switchboard.proto import switchboard_pb2 as sb
+from switchboard.proto.constants import FORCED_STOP_S
 
 logger = logging.getLogger(__name__)
 

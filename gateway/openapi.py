@@ -32,12 +32,12 @@ from switchboard.gateway import generation_handlers as generation
 from switchboard.gateway import management_handlers as management
 from switchboard.gateway.errors import KSERVE_HTTP_STATUS
 from switchboard.gateway.handler import Handler
-from switchboard.gateway.lifecycle import FORCED_STOP_S
 from switchboard.gateway.protocols import mindie, openai, tgi
 from switchboard.gateway.protocols.mindie_management import MAX_HEALTH_TIMEOUT_S
 from switchboard.gateway.protocols.parameters import MAX_DEADLINE_S as MAX_TIMEOUT_S
 from switchboard.gateway.protocols.parameters import INT64_MAX, UINT32_MAX, UINT64_MAX
 from switchboard.gateway.sse import CONTENT_TYPE as SSE_CONTENT_TYPE
+from switchboard.proto.constants import FORCED_STOP_S
 from switchboard.proto.vllm_backend_tensors import CONTROL_INPUTS
 
 JSON = dict[str, Any]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from importlib.metadata import PackageNotFoundError, version
 
@@ -21,6 +21,7 @@ from switchboard.proto import grpc_service_pb2 as pb
 from switchboard.proto import grpc_service_pb2_grpc as pb_grpc
 from switchboard.proto import switchboard_pb2 as sb
 from switchboard.proto import switchboard_pb2_grpc as sb_grpc
+from switchboard.proto.constants import FORCED_STOP_S, GRPC_MESSAGE_OPTIONS
 from switchboard.server.config import ServerConfig
 from switchboard.server.credentials import ReloadableCredentials, RevocationInterceptor
 from switchboard.server.generation import GenerationServicer
@@ -35,14 +36,6 @@ MANAGEMENT_SERVICE = sb.DESCRIPTOR.services_by_name["Management"].full_name
 GENERATION_SERVICE = sb.DESCRIPTOR.services_by_name["Generation"].full_name
 SERVICES = (INFERENCE_SERVICE, GENERATION_SERVICE, MANAGEMENT_SERVICE)
 SHUTDOWN_GRACE_S = 5.0
-# A forced stop (MindIE's /stopService?mode=Force, which kills its processes after 5 s) lets
-# the requests in flight run this long at most.
-FORCED_STOP_S = 5.0
-# The largest message the server takes or sends (gRPC's default, 4 MiB, failed a chat request
-# of a few MB through the gateway as RESOURCE_EXHAUSTED, which clients read as "overloaded"
-# and retry): the gateway's channel allows as much, past its 64 MiB body limit; Triton's
-# server allows 2 GiB.
-MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 
 
 def package_version() -> str:
@@ -68,10 +61,7 @@ class Server:
         self._credentials = None if config.tls is None else ReloadableCredentials(config.tls)
         revocation = [] if config.tls is None or config.tls.crl_file is None else [
             RevocationInterceptor(lambda: self._credentials.revoked_serial_numbers)]
-        self._grpc = grpc.aio.server(
-            interceptors=revocation,
-            options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)])
+        self._grpc = grpc.aio.server(interceptors=revocation, options=GRPC_MESSAGE_OPTIONS)
         self._engine: AsyncEngine | None = None
         self.port: int | None = None
         # Set by SIGTERM / SIGINT or by a StopService call that has drained the server.
@@ -160,9 +150,11 @@ class Server:
         return f"grpcurl -cacert {tls.ca_file} -cert {client_cert} -key {client_key} {target} list"
 
 
-async def serve(engine_config: EngineConfig, config: ServerConfig) -> None:
+async def serve(engine_config: EngineConfig, config: ServerConfig,
+                on_ready: Callable[[Mapping[str, str]], None]) -> None:
     """Run until SIGINT, SIGTERM or a StopService call; a signal drains the requests in flight
-    first, and a second signal stops at once."""
+    first, and a second signal stops at once. Once the model serves, `on_ready` gets the
+    model's name and the server's address."""
     server = Server(engine_config, config)
     signalled = asyncio.Event()
 
@@ -183,6 +175,7 @@ async def serve(engine_config: EngineConfig, config: ServerConfig) -> None:
             logger.info("ready: serving model %r over gRPC on %s:%d%s. Try: %s",
                         config.model_name, config.grpc_host, server.port,
                         "" if config.is_insecure else " (mutual TLS)", server.how_to_call())
+            on_ready({"model": config.model_name, "address": f"{config.grpc_host}:{server.port}"})
             await server.exit_requested.wait()
         loading.cancel()
         logger.info("stopping: finishing the requests in flight (signal again to stop at once)")

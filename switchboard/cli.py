@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -25,7 +26,8 @@ from switchboard.gateway.config import (DEFAULT_BUSINESS_PORT, DEFAULT_CLIENT_TI
 from switchboard.server.config import (DEFAULT_GRPC_HOST, DEFAULT_GRPC_PORT, DEFAULT_MODEL_NAME, ConfigError,
                            ServerConfig, crl_file_from_settings, read_config_file,
                            tls_files_from_settings)
-from switchboard.process import ChildProcess, GatewayProcess, ServerProcess
+from switchboard.process import (READY_FD_FLAG, ChildProcess, GatewayProcess, ServerProcess,
+                                 announce_ready)
 from switchboard.tls import TLSConfigError, TLSFiles, dev_files
 
 logger = logging.getLogger("switchboard")
@@ -96,6 +98,9 @@ def _add_common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tls-key-password-file", type=Path,
                         help=f"a file holding the password of encrypted private keys (else the "
                              f"{KEY_PASSWORD_ENV} environment variable; never a flag)")
+    parser.add_argument(READY_FD_FLAG, type=int, metavar="FD",
+                        help="once serving, write the addresses as one JSON line to this open "
+                             "file descriptor (a pipe from the parent process) and close it")
 
 
 class _Flags:
@@ -179,7 +184,8 @@ def _serve(args: argparse.Namespace) -> int:
     from switchboard.server.app import ListenError, serve
 
     try:
-        asyncio.run(serve(engine_config, server_config))
+        asyncio.run(serve(engine_config, server_config,
+                          functools.partial(announce_ready, args.ready_fd)))
     except (ModelLoadError, ListenError) as error:
         logger.error("%s", error)
         return 1
@@ -214,7 +220,7 @@ def _gateway(args: argparse.Namespace) -> int:
     from switchboard.gateway.app import ListenError, serve as serve_gateway
 
     try:
-        asyncio.run(serve_gateway(config))
+        asyncio.run(serve_gateway(config, functools.partial(announce_ready, args.ready_fd)))
     except ListenError as error:
         logger.error("%s", error)
         return 1
@@ -337,7 +343,7 @@ def _run(args: argparse.Namespace) -> int:
         gateway = GatewayProcess(*shared, *gateway_flags, f"--upstream={server.address}",
                                  echo=True, on_exit=done.set)
         children.append(gateway)
-        gateway.wait_ready()
+        announce_ready(args.ready_fd, {**gateway.wait_ready(), "grpc": server.address})
         done.wait()
         if signalled.is_set():
             statuses = [child.stop(timeout_s=None) for child in children]

@@ -1,60 +1,77 @@
 """`switchboard server` and `switchboard gateway` as child processes: for `switchboard run`, the
 tests and the benchmark.
 
-Each listens where its flags say (port 0 in tests); its addresses are read back from the
-"ready" line it logs; SIGTERM stops it. Its output is drained (the tail kept, and echoed when
-asked) so that a full pipe never blocks it. Standard library only: tests that drive it with
-tritonclient must not load our protobuf modules.
+Each listens where its flags say (port 0 in tests). Once it serves, it writes its addresses
+as one JSON line to a readiness pipe (`--ready-fd`, the write end its parent passed it) and
+closes it: its parent learns readiness from that, never from its log, and a child that exits
+before it is ready closes the pipe empty. SIGTERM stops it. Its output is drained (the tail
+kept, and echoed when asked) so that a full pipe never blocks it. Standard library only: tests
+that drive it with tritonclient must not load our protobuf modules.
 """
 
 from __future__ import annotations
 
 import collections
-import re
+import json
+import os
+import select
 import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
-SERVER_READY = re.compile(r"ready: serving model '(?P<model>[^']+)' over gRPC on "
-                          r"(?P<host>\S+):(?P<port>\d+)")
-GATEWAY_READY = re.compile(r"gateway ready: business on (?P<business>\S+), management on "
-                           r"(?P<management>\S+), metrics on (?P<metrics>[^\s;]+)")
+READY_FD_FLAG = "--ready-fd"
 # The first start on a fresh machine converts the GGUF model once (~30 s on 2 cores).
 START_TIMEOUT_S = 600
 STOP_TIMEOUT_S = 30
 LOG_LINES_KEPT = 400
 
 
+def announce_ready(ready_fd: int | None, addresses: Mapping[str, str]) -> None:
+    """In a child: tell the parent that it serves, at `addresses`, on the readiness pipe
+    (None: no parent asked)."""
+    if ready_fd is not None:
+        with os.fdopen(ready_fd, "w") as pipe:
+            pipe.write(json.dumps(dict(addresses)) + "\n")
+
+
 class ChildProcess:
-    def __init__(self, args: list[str], ready: re.Pattern[str], *, echo: bool = False,
+    def __init__(self, args: list[str], *, echo: bool = False,
                  on_exit: Callable[[], None] | None = None) -> None:
         """args: the `switchboard` command line after the program name; on_exit is called (from
         another thread) when the process's output ends, i.e. when it exits."""
+        ready_reader, ready_writer = os.pipe()
         # A process group of its own: a terminal's Ctrl-C reaches the parent only, which
         # decides what the child gets (a second signal stops it without draining).
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "switchboard", *args],
+            [sys.executable, "-m", "switchboard", *args, f"{READY_FD_FLAG}={ready_writer}"],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            process_group=0,
+            process_group=0, pass_fds=(ready_writer,),
         )
+        os.close(ready_writer)  # the child's copy alone: its exit ends the pipe
+        self._ready_pipe = os.fdopen(ready_reader)
+        self._addresses: dict[str, str] | None = None
         self._terminated = False
         self.log: collections.deque[str] = collections.deque(maxlen=LOG_LINES_KEPT)
-        self.ready_match: re.Match[str] | None = None
-        self._ready_pattern = ready
         self._echo = echo
         self._on_exit = on_exit
-        self._ready = threading.Event()
         threading.Thread(target=self._drain, daemon=True).start()
 
-    def wait_ready(self) -> re.Match[str]:
-        """Block until the ready line; stop the process and raise with its log if it never comes."""
-        if not self._ready.wait(START_TIMEOUT_S) or self.ready_match is None:
-            self.stop()
-            raise RuntimeError(f"{self.process.args[3]} did not become ready:\n{self.log_text()}")
-        return self.ready_match
+    def wait_ready(self) -> dict[str, str]:
+        """Block until the child announces its addresses; stop it and raise with its log if it
+        exits first or takes longer than START_TIMEOUT_S."""
+        if self._addresses is None:
+            readable, _, _ = select.select([self._ready_pipe], [], [], START_TIMEOUT_S)
+            line = self._ready_pipe.readline() if readable else ""
+            self._ready_pipe.close()
+            if not line:
+                self.stop()
+                raise RuntimeError(f"{self.process.args[3]} did not become ready:\n"
+                                   f"{self.log_text()}")
+            self._addresses = json.loads(line)
+        return self._addresses
 
     def terminate(self) -> None:
         """SIGTERM: the first lets the requests in flight finish, a second stops at once."""
@@ -109,11 +126,6 @@ class ChildProcess:
                 sys.stdout.write(line)
                 sys.stdout.flush()
             self.log.append(line.rstrip())
-            match = self._ready_pattern.search(line)
-            if match and self.ready_match is None:
-                self.ready_match = match
-                self._ready.set()
-        self._ready.set()
         if self._on_exit is not None:
             self._on_exit()
 
@@ -124,12 +136,11 @@ class ServerProcess(ChildProcess):
         """args: `switchboard server` flags; free_port: on a port the system picks (tests,
         the benchmark), else on the configured grpcPort (8001 by default), as `run` serves."""
         super().__init__(["server", *(["--grpc-port", "0"] if free_port else []), *args],
-                         SERVER_READY, echo=echo, on_exit=on_exit)
+                         echo=echo, on_exit=on_exit)
 
     @property
     def address(self) -> str:
-        ready = self.wait_ready()
-        return f"{ready['host']}:{ready['port']}"
+        return self.wait_ready()["address"]
 
     @property
     def model_name(self) -> str:
@@ -140,7 +151,7 @@ class GatewayProcess(ChildProcess):
     def __init__(self, *args: str, echo: bool = False,
                  on_exit: Callable[[], None] | None = None) -> None:
         """args: `switchboard gateway` flags (ports, --upstream, TLS)."""
-        super().__init__(["gateway", *args], GATEWAY_READY, echo=echo, on_exit=on_exit)
+        super().__init__(["gateway", *args], echo=echo, on_exit=on_exit)
 
     def url(self, plane: str) -> str:
         """The base URL of a plane: business, management or metrics."""

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 from gateway_clients import MODEL, curl_with, grpcurl
 
-from switchboard.process import GATEWAY_READY, SERVER_READY
+from switchboard.process import READY_FD_FLAG
 
 
 def free_port() -> int:
@@ -28,27 +29,25 @@ def free_port() -> int:
 def switchboard_run(pki, tmp_path: Path, *flags: str
                     ) -> Iterator[tuple[subprocess.Popen, dict[str, str], list[str]]]:
     """`switchboard run [flags]` in a session of its own (as a terminal's foreground job), the
-    addresses its ready lines give (the gateway's planes, and the server's `grpc`), and its
-    two children's pids. The config file names a free gRPC port (`configured_grpc_port`)."""
+    addresses it announces once both children serve (the gateway's planes, and the server's
+    `grpc`), and its two children's pids. The config file names a free gRPC port
+    (`configured_grpc_port`)."""
     grpc_port = free_port()
     config = tmp_path / "config.json"
     config.write_text(json.dumps({"grpcPort": grpc_port}))
+    ready_reader, ready_writer = os.pipe()
     run = subprocess.Popen(
         [sys.executable, "-m", "switchboard", "run", "--tls-dir", str(pki.folder), "--http-port", "0",
-         "--management-port", "0", "--metrics-port", "0", "--config", str(config), *flags],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+         "--management-port", "0", "--metrics-port", "0", "--config", str(config),
+         f"{READY_FD_FLAG}={ready_writer}", *flags],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        pass_fds=(ready_writer,))
+    os.close(ready_writer)
     try:
-        log, server_ready, gateway_ready = [], None, None
-        for line in run.stdout:
-            log.append(line)
-            server_ready = server_ready or SERVER_READY.search(line)
-            gateway_ready = GATEWAY_READY.search(line)
-            if gateway_ready:
-                break
-        assert server_ready and gateway_ready, "".join(log)
-        ready = {**gateway_ready.groupdict(),
-                 "grpc": f"{server_ready['host']}:{server_ready['port']}",
-                 "configured_grpc_port": str(grpc_port)}
+        with os.fdopen(ready_reader) as announced:
+            line = announced.readline()
+        assert line, run.communicate(timeout=60)[0]
+        ready = {**json.loads(line), "configured_grpc_port": str(grpc_port)}
         children = subprocess.run(["pgrep", "-P", str(run.pid)], capture_output=True, text=True)
         child_pids = children.stdout.split()
         assert len(child_pids) == 2, children.stdout
