@@ -80,9 +80,11 @@ INT_RANGES: dict[str, Interval] = {
 MINDIE_SEED_RANGE = Interval(1, UINT64_MAX)
 # OpenAI's range for a token's logit bias.
 LOGIT_BIAS_RANGE = Interval(-100.0, 100.0)
+# MindIE's details and perf_stat, and MindIE's and TGI's watermark (MindIE's parameter table:
+# not applied by its post-processing, and MindIE answers a request that asks for it) are
+# checked, without effect on generation.
 BOOL_PARAMS = ("do_sample", "watermark", "ignore_eos", "logprobs", "prompt_logprobs",
-               "include_stop_str_in_output", "skip_special_tokens",
-               "details", "perf_stat")  # MindIE's; checked, without effect on generation
+               "include_stop_str_in_output", "skip_special_tokens", "details", "perf_stat")
 # Present with one of these, and without do_sample, the request samples (MindIE: do_sample
 # "absent → decided by the other parameters").
 SAMPLING_HINTS = ("temperature", "top_k", "top_p", "typical_p", "min_p")
@@ -120,8 +122,6 @@ def build_request(request_id: str, prompt_token_ids: Sequence[int],
     best_of = ints["best_of"] or n
     if best_of < n:
         raise InvalidRequest("best_of", f"must be at least n ({n}); got {best_of}")
-    if bools["watermark"]:
-        raise InvalidRequest("watermark", "watermarking is not supported")
     do_sample = bools["do_sample"]
     if do_sample is None:
         do_sample = any(name in parameters for name in SAMPLING_HINTS)

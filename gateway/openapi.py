@@ -114,6 +114,9 @@ NULL: JSON = {"type": "object", "nullable": True, "enum": [None]}
 BOOLEAN: JSON = {"type": "boolean"}
 STRING: JSON = {"type": "string"}
 TEXT: JSON = {"type": "string", "minLength": 1}
+# MindIE's and TGI's watermark: accepted and ignored, as MindIE's post-processing ignores it.
+IGNORED_WATERMARK: JSON = {**BOOLEAN, "description": "accepted and ignored: no watermark is "
+                           "applied (as MindIE answers it)"}
 # MindIE's rule for a request id.
 REQUEST_ID: JSON = {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,256}$"}
 TOKEN_ID = integer(0, UINT32_MAX)
@@ -157,7 +160,7 @@ PARAMETERS: dict[str, JSON] = {
     "guided_regex": {**STRING, "description": "a regular expression the output must match"},
     "guided_choice": array(TEXT, minItems=1),
     "priority": integer(1, 5),
-    "timeout": number(0, MAX_TIMEOUT_S, low_open=True), "watermark": only(False, BOOLEAN),
+    "timeout": number(0, MAX_TIMEOUT_S, low_open=True), "watermark": IGNORED_WATERMARK,
     "details": BOOLEAN, "perf_stat": BOOLEAN, "batch_size": integer(1, INT32_MAX),
 }
 TGI_PARAMETERS: dict[str, JSON] = {
@@ -166,7 +169,7 @@ TGI_PARAMETERS: dict[str, JSON] = {
     "frequency_penalty": PENALTY, "return_full_text": BOOLEAN, "seed": TGI_SEED, "stop": STOP,
     "temperature": POSITIVE, "top_k": TOP_K, "top_p": PROBABILITY,
     "truncate": TRUNCATE, "typical_p": PROBABILITY,
-    "watermark": only(False, BOOLEAN), "top_n_tokens": TOP_LOGPROBS,
+    "watermark": IGNORED_WATERMARK, "top_n_tokens": TOP_LOGPROBS,
     "grammar": obj({"type": {"type": "string", "enum": ["json", "regex", "json_schema"]},
                     "value": {}}, ["type", "value"]),
     # Refused unless null or "None" (MindIE's examples): the model itself.

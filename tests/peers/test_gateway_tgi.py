@@ -56,6 +56,11 @@ def greedy_details(tgi):
     return tgi.text_generation(PROMPT, max_new_tokens=6, details=True)
 
 
+def test_watermark_is_accepted_and_ignored_as_mindie_does(tgi) -> None:
+    marked = tgi.text_generation(PROMPT, max_new_tokens=4, watermark=True)
+    assert marked == tgi.text_generation(PROMPT, max_new_tokens=4, watermark=False)
+
+
 def test_text_generation_with_details(greedy_details) -> None:
     assert greedy_details.generated_text.startswith(" Paris")
     details = greedy_details.details

@@ -20,14 +20,15 @@ PROMPT_IDS = [504, 3575, 282, 4649, 314]
 VOCAB_SIZE = 49152
 SLOTS_BACK_WITHIN_S = 1.0
 
-# MindIE's documented example bodies (Triton token and text interfaces).
+# MindIE's documented example bodies (Triton token and text interfaces), verbatim: the token
+# example asks for a watermark, which MindIE accepts and does not apply.
 MINDIE_INFER = {
     "id": "42",
     "inputs": [{"name": "input0", "shape": [1, 5], "datatype": "UINT32", "data": PROMPT_IDS}],
     "outputs": [{"name": "output0"}],
     "parameters": {"details": True, "do_sample": True, "max_new_tokens": 5,
                    "repetition_penalty": 1.03, "seed": 5, "temperature": 0.5, "top_k": 10,
-                   "top_p": 0.95, "typical_p": 0.5, "watermark": False, "priority": 5,
+                   "top_p": 0.95, "typical_p": 0.5, "watermark": True, "priority": 5,
                    "timeout": 10},
 }
 MINDIE_GENERATE = {

@@ -263,14 +263,9 @@ def test_invalid_stop_is_rejected(stop: object, reason: str) -> None:
     assert reason in error.reason
 
 
-def test_watermark_true_is_rejected() -> None:
-    error = rejection({"watermark": True})
-    assert error.field == "watermark"
-    assert "not supported" in error.reason
-
-
-def test_watermark_false_is_accepted() -> None:
-    assert build({"watermark": False}).sampling.do_sample is False
+@pytest.mark.parametrize("watermark", [True, False])
+def test_watermark_is_accepted_and_ignored_as_mindie_does(watermark: bool) -> None:
+    assert build({"watermark": watermark, "seed": 9}) == build({"seed": 9})
 
 
 def test_compatibility_parameters_are_accepted_and_change_nothing() -> None:
