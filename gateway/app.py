@@ -42,10 +42,14 @@ HEALTH_ROUTES: list[tuple[str, type[Handler], str]] = [
     (r"/health", generation.HealthHandler, "health"),
     (r"/info", generation.InfoHandler, "tgi_info"),
 ]
+# Each plane describes what its server serves (every plane, where they share a port).
+OPENAPI_ROUTE = (r"/openapi\.json", openapi.OpenAPIHandler, "openapi")
 ROUTES: dict[Plane, list[tuple[str, type[tornado.web.RequestHandler], str]]] = {
     Plane.BUSINESS: [
         *HEALTH_ROUTES,
         (r"/v2", triton.ServerMetadataHandler, "server_metadata"),
+        # The Open Inference Protocol's own spelling of the path.
+        (r"/v2/", triton.ServerMetadataHandler, "server_metadata_slash"),
         (r"/v2/repository/index", triton.RepositoryIndexHandler, "repository_index"),
         # Before MODEL, which would take "stats" for a model's name.
         (r"/v2/models/stats", triton.ModelStatisticsHandler, "server_statistics"),
@@ -77,7 +81,7 @@ ROUTES: dict[Plane, list[tuple[str, type[tornado.web.RequestHandler], str]]] = {
         (r"/ping", generation.PingHandler, "sagemaker_ping"),
         (r"/invocations", generation.InvocationsHandler, "sagemaker_invocations"),
         (r"/version", generation.VersionHandler, "vllm_version"),
-        (r"/openapi\.json", openapi.OpenAPIHandler, "openapi"),
+        OPENAPI_ROUTE,
     ],
     Plane.MANAGEMENT: [
         *HEALTH_ROUTES,
@@ -88,9 +92,11 @@ ROUTES: dict[Plane, list[tuple[str, type[tornado.web.RequestHandler], str]]] = {
         (r"/v1/status", management.StatusHandler, "mindie_status"),
         (r"/v1/role/(?P<role>[^/]+)", management.RoleHandler, "mindie_role"),
         (r"/metrics-json", management.MetricsJsonHandler, "metrics_json"),
+        OPENAPI_ROUTE,
     ],
     Plane.METRICS: [
         (r"/metrics", management.MetricsHandler, "metrics"),
+        OPENAPI_ROUTE,
     ],
 }
 

@@ -604,14 +604,15 @@ OPERATIONS: dict[str, dict[str, Operation]] = {
     "health_live": {"get": Operation("200 (empty) when the server is live", NO_BODY)},
     "health_ready": {"get": Operation("200 (empty) when the server is ready", NO_BODY)},
     "model_ready": {"get": Operation("200 (empty) when the model is ready", NO_BODY)},
-    "server_metadata": {"get": Operation("KServe v2 server metadata",
-                                         json_reply("ServerMetadata"))},
+    "server_metadata": SERVER_METADATA,
+    "server_metadata_slash": SERVER_METADATA,
     "model_metadata": {"get": Operation("KServe v2 model metadata",
                                         json_reply("ModelMetadata"))},
     "model_config": {"get": Operation("Triton's model configuration",
                                       json_reply("ModelConfig"))},
     "repository_index": {"post": Operation(
         "Triton's model repository index (the served model; an empty body or `ready: false` "
+SERVER_METADATA = {"get": Operation("KServe v2 server metadata", json_reply("ServerMetadata"))}
         "lists it while it loads too)", json_reply("RepositoryIndex"),
         ref("RepositoryIndexRequest"), body_required=False)},
     "server_statistics": {"get": Operation("Triton's statistics of every model",

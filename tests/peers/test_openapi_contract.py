@@ -152,6 +152,18 @@ def test_the_document_lists_the_business_routes_only(served_document: dict) -> N
     assert {"business", "kserve", "tgi", "openai", "mindie", "sagemaker"} == tags
 
 
+@pytest.mark.parametrize(("plane", "served", "elsewhere"), [
+    ("management", {"/stopService", "/v1/status", "/health"}, {"/metrics", "/infer"}),
+    ("metrics", {"/metrics"}, {"/stopService", "/infer"}),
+])
+def test_a_plane_on_a_port_of_its_own_serves_its_own_document(gateway, client_files, plane: str,
+                                                              served: set, elsewhere: set) -> None:
+    response = requests.get(gateway.url(plane) + "/openapi.json", **mutual_tls(client_files))
+    assert response.status_code == 200, response.text
+    paths = set(response.json()["paths"])
+    assert served | {"/openapi.json"} <= paths and not elsewhere & paths
+
+
 def test_every_operation_keeps_its_contract(api: schemathesis.BaseSchema,
                                             subtests: pytest.Subtests) -> None:
     operations = [result.ok() for result in api.get_all_operations()]

@@ -2,10 +2,10 @@
 and server (mutual TLS), as test_openapi_contract fuzzes the business plane's.
 
 Why a gateway of its own: /openapi.json lists the routes of the server that answers it, and the
-session gateway serves each plane on a port of its own, so its document has no management
-route. Here the business and management planes share one port (their TLS settings are equal),
-so one server serves both and its document lists both planes' routes; the metrics plane keeps a
-port of its own.
+session gateway serves each plane on a port of its own, each with its own document (which
+test_openapi_contract checks). Here the business and management planes share one port (their
+TLS settings are equal), so one server serves both and its document lists both planes' routes;
+the metrics plane keeps a port of its own.
 
 Every operation tagged with the management plane is fuzzed (routes both planes serve, such as
 /health, included) with test_openapi_contract's narrowing, bounds, checks and MAX_EXAMPLES, each

@@ -69,6 +69,19 @@ def test_path_templates_expand_optional_groups() -> None:
         openapi.path_templates(r"/items/\d+")
 
 
+@pytest.mark.parametrize("plane, served, elsewhere", [
+    (Plane.MANAGEMENT, "/v1/status", "/v1/chat/completions"),
+    (Plane.METRICS, "/metrics", "/v1/status"),
+])
+def test_a_plane_on_its_own_port_serves_its_own_document(plane, served, elsewhere) -> None:
+    services = SimpleNamespace(metrics=SimpleNamespace(record=lambda handler: None))
+    application = make_app([plane], services)
+    document = openapi.document(openapi.served_routes(application))
+    assert {served, "/openapi.json"} <= set(document["paths"])
+    assert elsewhere not in document["paths"]
+    assert document["paths"]["/openapi.json"]["get"]["tags"][0] == plane.value
+
+
 def test_a_shared_port_serves_one_document_of_both_planes() -> None:
     services = SimpleNamespace(metrics=SimpleNamespace(record=lambda handler: None))
     application = make_app([Plane.BUSINESS, Plane.MANAGEMENT], services)
