@@ -163,6 +163,12 @@ PARAMETERS: dict[str, JSON] = {
     "timeout": number(0, MAX_TIMEOUT_S, low_open=True), "watermark": IGNORED_WATERMARK,
     "details": BOOLEAN, "perf_stat": BOOLEAN, "batch_size": integer(1, INT32_MAX),
 }
+# KServe's generate extension (the Open Inference Protocol's generate_rest.yaml) on Triton's
+# /generate routes, beside MindIE's names: a temperature or top_p of 0 is greedy.
+KSERVE_GENERATE_PARAMETERS: dict[str, JSON] = {
+    "max_tokens": {**MAX_NEW_TOKENS, "description": "KServe's name of max_new_tokens (default 20)"},
+    "temperature": number(0), "top_p": number(0, 1),
+}
 TGI_PARAMETERS: dict[str, JSON] = {
     "best_of": SEQUENCES, "decoder_input_details": BOOLEAN, "details": BOOLEAN,
     "do_sample": BOOLEAN, "max_new_tokens": MAX_NEW_TOKENS, "repetition_penalty": POSITIVE,
@@ -241,6 +247,7 @@ TEXT_INPUT = obj({"name": only("text_input", STRING), "datatype": only("BYTES", 
                   "data": array(PROMPT, minItems=1, maxItems=1)},
                  ["name", "datatype", "shape", "data"], closed=True)
 
+GENERATE_PARAMETERS = {**PARAMETERS, **KSERVE_GENERATE_PARAMETERS, **VLLM_BACKEND_INPUTS}
 REQUESTS: dict[str, JSON] = {
     "Parameters": obj(optional(PARAMETERS), closed=True),
     "InferRequest": obj({
@@ -256,10 +263,10 @@ REQUESTS: dict[str, JSON] = {
     }, ["inputs"], closed=True),
     # Triton's generate extension: top-level fields other than these are parameters too; those
     # named as the vLLM backend interface's inputs are those tensors.
-    "GenerateParameters": obj(optional({**PARAMETERS, **VLLM_BACKEND_INPUTS}), closed=True),
+    "GenerateParameters": obj(optional(GENERATE_PARAMETERS), closed=True),
     "GenerateRequest": obj({"id": nullable(REQUEST_ID), "text_input": PROMPT,
                             "parameters": nullable(ref("GenerateParameters")),
-                            **optional({**PARAMETERS, **VLLM_BACKEND_INPUTS})},
+                            **optional(GENERATE_PARAMETERS)},
                            ["text_input"], closed=True),
     "StopInferRequest": obj({"id": REQUEST_ID}, ["id"]),
     "RepositoryIndexRequest": obj({"ready": nullable(BOOLEAN)}, closed=True),
@@ -344,12 +351,13 @@ def counts(*names: str) -> dict[str, JSON]:
     return {name: integer(0) for name in names}
 
 
-TGI_TOKEN = obj({"id": integer(0), "text": STRING, "logprob": nullable(number()),
-                 "special": BOOLEAN}, ["id", "text", "logprob", "special"])
+# TGI's token, which KServe's generate extension shares.
+TOKEN = obj({"id": integer(0), "text": STRING, "logprob": nullable(number()),
+             "special": BOOLEAN}, ["id", "text", "logprob", "special"])
 TGI_DETAILS = obj({
     "finish_reason": STRING, **counts("generated_tokens", "prompt_tokens"), "seed": integer(0),
     "prefill": array(obj({"id": integer(0), "text": STRING, "logprob": nullable(number())})),
-    "tokens": array(TGI_TOKEN), "top_tokens": array(array(TGI_TOKEN)),
+    "tokens": array(TOKEN), "top_tokens": array(array(TOKEN)),
     "best_of_sequences": array({"type": "object"}),
 }, ["finish_reason", "generated_tokens", "seed", "prompt_tokens", "prefill", "tokens"])
 OPENAI_HEADER: dict[str, JSON] = {"id": STRING, "object": STRING, "created": integer(0),
@@ -393,7 +401,9 @@ REPLIES: dict[str, JSON] = {
         "details": obj({**counts("generated_tokens"), "finish_reason": STRING,
                         "first_token_cost": nullable(number(0)),
                         "decode_cost": nullable(number(0)),
-                        "perf_stat": array(array(number(), minItems=2, maxItems=2))},
+                        "perf_stat": array(array(number(), minItems=2, maxItems=2)),
+                        # KServe's generate extension, with details: each token generated.
+                        "logprobs": array(TOKEN)},
                        ["generated_tokens", "first_token_cost", "decode_cost"]),
         # The vLLM backend interface's outputs (Triton's reply: no id when the request has none).
         "finish_reason": STRING, **counts("num_input_tokens", "num_output_tokens"),

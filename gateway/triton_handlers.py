@@ -117,6 +117,7 @@ class GenerateHandler(Handler):
         request, options = triton.generate_request_to_pb(model, version or "",
                                                          kserve.parse_json(self.body),
                                                          self.streams)
+        self.names = options.names
         call = self.upstream.inference.ModelStreamInfer(iter([request]), timeout=options.deadline_s,
                                                         metadata=STATUS_ERRORS)
         return self.track(call), triton.reply_stream(options)

@@ -81,6 +81,12 @@ class InferCall:
         return not self.requested_outputs or output in self.requested_outputs
 
     @property
+    def describes_tokens(self) -> bool:
+        """MindIE's `details` (KServe's generate extension's): each streamed response also
+        describes its token: its text, log-probability and whether it is special."""
+        return self.vllm is None and self.parameters.get("details") is True
+
+    @property
     def streams(self) -> bool:
         """Whether ModelStreamInfer answers with a response per step (else one, at the end)."""
         return self.vllm is None or self.vllm.stream
@@ -189,7 +195,10 @@ def build_engine_request(call: InferCall, request_id: str, encode: Callable[[str
     token_ids = encode(call.prompt) if isinstance(call.prompt, str) else call.prompt
     try:
         if call.vllm is None:
-            return build_request(request_id, token_ids, call.parameters, limits,
+            # The log-probabilities of the tokens a request's details describe.
+            parameters = {**call.parameters, "logprobs": True} if call.describes_tokens \
+                else call.parameters
+            return build_request(request_id, token_ids, parameters, limits,
                                  seed_range=MINDIE_SEED_RANGE)
         return build_request(request_id, token_ids, call.parameters, limits)
     except InvalidRequest as error:
@@ -292,14 +301,23 @@ def final_stream_response(call: InferCall, model_name: str,
     return pb.ModelStreamInferResponse(infer_response=response)
 
 
-def stream_response(call: InferCall, model_name: str,
-                    output: RequestOutput) -> pb.ModelStreamInferResponse:
+def stream_response(call: InferCall, model_name: str, output: RequestOutput,
+                    special_token_ids: frozenset[int] = frozenset()
+                    ) -> pb.ModelStreamInferResponse:
     """One decoupled response per event; the last is flagged with triton_final_response.
-    Each carries its token's id and timings (MindIE's perf_stat material) as parameters."""
+    Each carries its token's id and timings (MindIE's perf_stat material) as parameters and,
+    when the request asks for details, the token's text (as the sequence decodes, not held
+    back for stop strings), log-probability and whether it is one of `special_token_ids`."""
     response = _response(call, model_name, output.new_token_ids, output.text)
     response.parameters[FINAL_RESPONSE_PARAMETER].bool_param = output.finish_reason is not None
     if len(output.new_token_ids) == 1:
         response.parameters["token_id"].int64_param = output.new_token_ids[0]
+        if call.describes_tokens:
+            response.parameters["token_text"].string_param = output.decoded_text
+            response.parameters["token_special"].bool_param = \
+                output.new_token_ids[0] in special_token_ids
+            if output.logprobs:
+                response.parameters["token_logprob"].double_param = output.logprobs[0].logprob
     if output.timings is not None:
         _set_timing_parameters(response, output.timings)
     if output.finish_reason is not None:

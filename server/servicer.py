@@ -152,10 +152,12 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             try:
                 call, events = self._start(request)
                 model_name = self.served.model_name
+                special_token_ids = self.served.ready_engine().info.special_token_ids
                 async with contextlib.aclosing(events):
                     if call.streams:
                         async for event in events:
-                            outbox.put_nowait(codec.stream_response(call, model_name, event))
+                            outbox.put_nowait(codec.stream_response(call, model_name, event,
+                                                                    special_token_ids))
                     else:
                         result = codec.aggregate([event async for event in events])
                         outbox.put_nowait(codec.final_stream_response(call, model_name, result))

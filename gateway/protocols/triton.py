@@ -21,6 +21,7 @@ Triton's: `{"id"?, "model_name", "model_version", "text_output"}` with each furt
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from switchboard.gateway.errors import bad_request
@@ -33,6 +34,12 @@ from switchboard.proto.vllm_backend_tensors import CONTROL_INPUTS
 
 # Rendering options: they shape the reply here and are also sent on (the server accepts them).
 RENDERING_OPTIONS = ("details", "perf_stat")
+# KServe's generate extension (the Open Inference Protocol's generate_rest.yaml), beside
+# MindIE's names: its max_tokens is max_new_tokens; its temperature and top_p reach 0, which
+# is greedy (as Triton's vLLM backend and vLLM read a temperature of 0; a top_p of 0 keeps the
+# most probable token alone).
+KSERVE_NAMES = {"max_tokens": "max_new_tokens"}
+GREEDY_AT_ZERO = ("temperature", "top_p")
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +48,8 @@ class GenerateOptions:
     perf_stat: bool
     deadline_s: float
     vllm: bool = False  # the vLLM backend interface: Triton's responses
+    # The request's field names → the server's, where they differ (KServe's max_tokens).
+    names: Mapping[str, str] = field(default_factory=dict)
 
 
 def generate_request_to_pb(model: str, version: str, document: object, route_streams: bool
@@ -72,8 +81,27 @@ def generate_request_to_pb(model: str, version: str, document: object, route_str
     _add_input(request, "text_input", "BYTES", text)
     for name, value in tensors.items():
         _add_input(request, name, CONTROL_INPUTS[name], value)
+    names = {} if tensors else _read_kserve_parameters(fields)
     deadline_s = set_parameters(request.parameters, fields)
-    return request, GenerateOptions(deadline_s=deadline_s, vllm=bool(tensors), **options)
+    return request, GenerateOptions(deadline_s=deadline_s, vllm=bool(tensors), names=names,
+                                    **options)
+
+
+def _read_kserve_parameters(fields: dict[str, object]) -> dict[str, str]:
+    """KServe's generate-extension parameters in `fields` under MindIE's names and readings;
+    returns the names the request used that the server's errors must name."""
+    names = {name: ours for name, ours in KSERVE_NAMES.items() if name in fields}
+    for name, ours in names.items():
+        if ours in fields:
+            raise bad_request(name, f"is KServe's name of MindIE's {ours}: send one of them")
+        fields[ours] = fields.pop(name)
+    for name in GREEDY_AT_ZERO:
+        value = fields.get(name)
+        # With do_sample true, a 0 stays for the server to refuse: sampling needs it above 0.
+        if value == 0 and not isinstance(value, bool) and fields.get("do_sample") is not True:
+            del fields[name]
+            fields["do_sample"] = False
+    return names
 
 
 def _add_input(request: pb.ModelInferRequest, name: str, datatype: str, value: object) -> None:
@@ -124,6 +152,8 @@ class GenerateStream:
     decode_ms: float = 0.0
     generated_tokens: int = 0
     finish_reason: str | None = None
+    # KServe's generate-extension tokens (id, text, logprob, special), with details.
+    tokens: list[dict[str, object]] = field(default_factory=list)
 
     def add(self, response: pb.ModelInferResponse) -> dict[str, object]:
         """Take one response; return its stream event."""
@@ -147,13 +177,25 @@ class GenerateStream:
         details = self._details()
         details["batch_size"] = parameters.get("batch_size")
         details["queue_wait_time"] = parameters.get("queue_wait_us")
+        if self.options.details:
+            # KServe's generate extension's stream details, beside MindIE's (whose
+            # finish_reason comes on the last event only).
+            details["token"] = None
+            if "token_id" in parameters:
+                details["token"] = {"id": parameters["token_id"],
+                                    "text": parameters.get("token_text", ""),
+                                    "logprob": parameters.get("token_logprob"),
+                                    "special": parameters.get("token_special", False)}
+                self.tokens.append(details["token"])
         return {**self._header(), "text_output": delta, "details": details,
                 "prefill_time": prefill_ms, "decode_time": decode_ms}
 
     def reply(self) -> dict[str, object]:
         reply = {**self._header(), "text_output": "".join(self.text)}
         if self.options.details:
-            reply["details"] = self._details()
+            # KServe's generate extension's details (finish_reason and the tokens'
+            # log-probabilities), beside MindIE's.
+            reply["details"] = {**self._details(), "logprobs": self.tokens}
         return reply
 
     def _header(self) -> dict[str, object]:

@@ -17,6 +17,7 @@ from gateway_clients import (MODEL, connect, curl_with, fetch, long_generation, 
 
 # "The capital of France is" in SmolLM2's vocabulary.
 PROMPT_IDS = [504, 3575, 282, 4649, 314]
+PARIS = 7042  # " Paris", greedily the first token after the prompt
 VOCAB_SIZE = 49152
 SLOTS_BACK_WITHIN_S = 1.0
 
@@ -95,6 +96,51 @@ def test_curl_generate_and_generate_stream_mindie_example(gateway, client_files)
     assert events[-1]["details"]["finish_reason"] == details["finish_reason"]
     assert [pair[0] for pair in events[-1]["details"]["perf_stat"]] == \
         [pair[0] for pair in details["perf_stat"]]
+
+
+# KServe's generate extension (the Open Inference Protocol's generate_rest.yaml) on the same
+# routes: its names, a temperature of 0 (greedy), stop as an array, and details.
+KSERVE_GENERATE = {"text_input": "The capital of France is", "parameters": {
+    "max_tokens": 4, "temperature": 0, "top_p": 1, "stop": ["\n\n"], "details": True}}
+
+
+def assert_kserve_tokens(tokens: list[dict]) -> None:
+    assert tokens and tokens[0]["id"] == PARIS and tokens[0]["text"] == " Paris"
+    assert all(set(token) == {"id", "text", "logprob", "special"} and token["logprob"] <= 0
+               and token["special"] is False for token in tokens)
+
+
+def test_kserves_generate_extension_is_served_beside_mindies(gateway, client_files) -> None:
+    status, reply = request(gateway.url("business"), client_files, model_path("generate"),
+                            KSERVE_GENERATE)
+    assert status == 200, reply
+    assert reply["text_output"].startswith(" Paris")
+    details = reply["details"]
+    assert details["finish_reason"] == "length" and details["generated_tokens"] == 4
+    assert len(details["logprobs"]) == 4
+    assert_kserve_tokens(details["logprobs"])
+    streamed = curl_with(client_files, business(gateway, model_path("generate_stream")),
+                         body=KSERVE_GENERATE, stream=True)
+    assert (streamed.exit_code, streamed.status) == (0, 200), streamed.body
+    events = streamed.events()
+    assert [event["details"]["token"] for event in events] == details["logprobs"]
+    assert events[-1]["details"]["finish_reason"] == "length"
+
+
+@pytest.mark.parametrize("parameters", [{"max_tokens": 0}, {"max_tokens": 2, "top_p": 1.5}],
+                         ids=["max_tokens", "top_p"])
+def test_kserves_parameters_are_refused_under_their_own_names(gateway, client_files,
+                                                            parameters) -> None:
+    status, reply = request(gateway.url("business"), client_files, model_path("generate"),
+                            {"text_input": "Hi", "parameters": parameters})
+    field = "top_p" if "top_p" in parameters else "max_tokens"
+    assert status == 400 and reply["error"].startswith(f"{field}: "), reply
+
+
+def test_the_specs_spelling_of_the_server_metadata_path_is_served(gateway, client_files) -> None:
+    """The Open Inference Protocol writes the server metadata path `GET v2/`."""
+    assert request(gateway.url("business"), client_files, "/v2/") == \
+        request(gateway.url("business"), client_files, "/v2")
 
 
 @pytest.mark.parametrize("parameter", [{"repetition_penalty": 1.03}, {"min_new_tokens": 2},

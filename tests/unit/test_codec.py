@@ -10,7 +10,7 @@ import pytest
 
 from switchboard.engine.config import EngineLimits
 from switchboard.engine.errors import InvalidRequest, PromptTooLong
-from switchboard.engine.request import FinishReason, RequestOutput, RequestTimings
+from switchboard.engine.request import FinishReason, RequestOutput, RequestTimings, TokenLogprob
 from switchboard.proto import grpc_service_pb2 as pb
 from switchboard.server.codec import (InferCall, InferResult, InputKind, aggregate, build_engine_request,
                           decode_infer_request, deserialize_bytes, infer_response,
@@ -388,6 +388,26 @@ def test_stream_responses_carry_the_token_timings_in_microseconds() -> None:
     assert parameters["batch_size"].int64_param == 3
     assert parameters["queue_wait_us"].int64_param == 1500
     assert parameters["token_latency_us"].int64_param == 42500
+
+
+def test_details_describe_each_streamed_token_as_kserves_generate_extension() -> None:
+    """With MindIE's details (KServe's generate extension's), the engine scores the tokens
+    and each response names its token's text, log-probability and whether it is special."""
+    call = decode_infer_request(with_parameters(text_request(), details=True))
+    assert build_engine_request(call, "r", lambda text: [1], LIMITS).sampling.logprobs == 0
+    event = dataclasses.replace(output("", 2, 1), decoded_text="</s>",
+                                logprobs=(TokenLogprob(2, -0.25),))
+    parameters = stream_response(call, "smollm2", event, frozenset({2})).infer_response.parameters
+    assert (parameters["token_id"].int64_param, parameters["token_text"].string_param,
+            parameters["token_logprob"].double_param, parameters["token_special"].bool_param) \
+        == (2, "</s>", -0.25, True)
+
+
+def test_without_details_responses_describe_no_token() -> None:
+    call = decode_infer_request(text_request())
+    assert build_engine_request(call, "r", lambda text: [1], LIMITS).sampling.logprobs is None
+    parameters = stream_response(call, "smollm2", output("he", 7, 1)).infer_response.parameters
+    assert set(parameters) == {"triton_final_response", "token_id"}
 
 
 def test_a_stopped_request_ends_with_an_empty_final_response() -> None:

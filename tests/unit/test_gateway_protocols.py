@@ -353,6 +353,38 @@ def test_generate_refuses_a_bad_body_naming_the_field(document: object, field: s
     assert refused(triton.generate_request_to_pb, "m", "", document, False).startswith(f"{field}: ")
 
 
+def test_generate_takes_kserves_generate_extension_parameters() -> None:
+    """The Open Inference Protocol's generate_rest.yaml: max_tokens, temperature and top_p
+    from 0 (greedy), stop as an array; errors about max_new_tokens name max_tokens."""
+    request, options = triton.generate_request_to_pb("m", "", {"text_input": "x", "parameters": {
+        "max_tokens": 8, "temperature": 0, "top_p": 0.0, "stop": ["\n"], "details": True}}, False)
+    P = pb.InferParameter
+    assert dict(request.parameters) == {
+        "max_new_tokens": P(int64_param=8), "do_sample": P(bool_param=False),
+        "stop": P(string_param='["\\n"]'), "details": P(bool_param=True)}
+    assert options.names == {"max_tokens": "max_new_tokens"} and options.details
+
+
+@pytest.mark.parametrize("parameters", [{"temperature": 0.5, "top_p": 0}, {"top_p": 0}])
+def test_a_kserve_top_p_of_0_is_greedy(parameters: dict) -> None:
+    request, _ = triton.generate_request_to_pb("m", "", {"text_input": "x",
+                                                         "parameters": parameters}, False)
+    assert request.parameters["do_sample"].bool_param is False
+    assert "top_p" not in request.parameters
+
+
+def test_a_temperature_of_0_with_do_sample_is_left_for_the_server_to_refuse() -> None:
+    request, _ = triton.generate_request_to_pb("m", "", {"text_input": "x", "parameters": {
+        "temperature": 0, "do_sample": True}}, False)
+    assert request.parameters["temperature"].int64_param == 0
+    assert request.parameters["do_sample"].bool_param is True
+
+
+def test_max_tokens_and_max_new_tokens_together_are_refused() -> None:
+    assert refused(triton.generate_request_to_pb, "m", "", {"text_input": "x", "parameters": {
+        "max_tokens": 8, "max_new_tokens": 8}}, False).startswith("max_tokens: ")
+
+
 @pytest.mark.parametrize("value", [0, ""], ids=["zero", "empty-string"])
 def test_generate_refuses_falsy_non_boolean_details(value: object) -> None:
     refused(triton.generate_request_to_pb, "m", "", {"text_input": "x", "details": value}, False)
@@ -452,7 +484,13 @@ def generated(text: str, token_id: int | None = None, latency_us: int | None = N
 
 
 # Three tokens, then the final response of a request stopped by a stop sequence: no token.
-STREAM = [generated("Hello", 5, 12_000), generated(" wor", 6, 3_000), generated("ld!", 7, 2_500),
+# KServe's generate-extension tokens of them, as the server describes them with details.
+TOKENS = [{"id": 5, "text": "Hello", "logprob": -0.5, "special": False},
+          {"id": 6, "text": " wor", "logprob": -1.25, "special": False},
+          {"id": 7, "text": "ld!", "logprob": -0.125, "special": False}]
+STREAM = [*(generated(token["text"], token["id"], latency_us, token_text=token["text"],
+                      token_logprob=token["logprob"], token_special=token["special"])
+            for token, latency_us in zip(TOKENS, (12_000, 3_000, 2_500))),
           generated("", finish_reason="stop", generated_tokens=3)]
 
 
@@ -485,10 +523,17 @@ def test_stream_reply_shows_details_and_perf_stat_only_when_asked(details: bool,
                                    "text_output": "Hello world!"}
     if details:
         expected["details"] = {"generated_tokens": 3, "first_token_cost": 12.0,
-                               "decode_cost": 5.5, "finish_reason": "stop"}
+                               "decode_cost": 5.5, "finish_reason": "stop", "logprobs": TOKENS}
         if perf_stat:
             expected["details"]["perf_stat"] = [[5, 12.0], [6, 3.0], [7, 2.5]]
     assert reply == expected
+
+
+def test_stream_events_with_details_carry_kserves_token() -> None:
+    events, _ = run(triton.GenerateOptions(details=True, perf_stat=False, deadline_s=1.0))
+    assert [e["details"].get("finish_reason") for e in events] == [None, None, None, "stop"]
+    assert [e["details"]["token"] for e in events] == [*TOKENS, None]
+    assert events[0]["details"]["first_token_cost"] == 12.0  # MindIE's keys stay
 
 
 def test_request_stopped_before_any_token() -> None:
@@ -497,7 +542,7 @@ def test_request_stopped_before_any_token() -> None:
     assert (event["prefill_time"], event["decode_time"]) == (None, None)
     assert stream.reply()["details"] == {"generated_tokens": 0, "first_token_cost": None,
                                          "decode_cost": None, "finish_reason": "stop",
-                                         "perf_stat": []}
+                                         "perf_stat": [], "logprobs": []}
 
 
 def test_last_token_carrying_the_finish_reason_counts_as_a_token() -> None:

@@ -444,6 +444,10 @@ def test_vllm_round_trip(prompt: str, temperature: float, top_k: int, max_tokens
        details=st.booleans())
 def test_triton_generate_round_trip(text: str, request_id: str, parameters: dict[str, object],
                                     details: bool) -> None:
+    """MindIE's parameters go through as they are (KServe's greedy 0s are read on the way:
+    test_gateway_protocols has them)."""
+    assume(not any(parameters.get(name) == 0 and not isinstance(parameters[name], bool)
+                   for name in triton.GREEDY_AT_ZERO))
     request, options = triton.generate_request_to_pb(
         "m", "1", {"id": request_id, "text_input": text, "details": details,
                    "parameters": parameters}, False)
