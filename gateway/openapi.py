@@ -361,7 +361,7 @@ TGI_DETAILS = obj({
     "best_of_sequences": array({"type": "object"}),
 }, ["finish_reason", "generated_tokens", "seed", "prompt_tokens", "prefill", "tokens"])
 OPENAI_HEADER: dict[str, JSON] = {"id": STRING, "object": STRING, "created": integer(0),
-                                  "model": STRING}
+                                  "model": STRING, "system_fingerprint": STRING}
 OPENAI_CHOICE: dict[str, JSON] = {"index": integer(0), "logprobs": nullable({"type": "object"}),
                                   "finish_reason": STRING}
 USAGE = obj({**counts("prompt_tokens", "completion_tokens", "total_tokens"),
@@ -437,14 +437,15 @@ REPLIES: dict[str, JSON] = {
     "ChatCompletion": obj({
         **OPENAI_HEADER, "object": only("chat.completion", STRING), "usage": USAGE,
         "choices": array(obj({**OPENAI_CHOICE, "message": obj(
-            {"role": only("assistant", STRING), "content": STRING}, ["role", "content"])},
+            {"role": only("assistant", STRING), "content": STRING, "refusal": NULL},
+            ["role", "content", "refusal"])},
             ["index", "message", "finish_reason"])),
-    }, ["id", "object", "created", "model", "choices", "usage"]),
+    }, ["id", "object", "created", "model", "system_fingerprint", "choices", "usage"]),
     "TextCompletion": obj({
         **OPENAI_HEADER, "object": only("text_completion", STRING), "usage": USAGE,
         "choices": array(obj({**OPENAI_CHOICE, "text": STRING},
                              ["index", "text", "finish_reason"])),
-    }, ["id", "object", "created", "model", "choices", "usage"]),
+    }, ["id", "object", "created", "model", "system_fingerprint", "choices", "usage"]),
     "Response": obj({
         "id": STRING, "object": only("response", STRING), "created_at": integer(0),
         "status": {"type": "string", "enum": ["completed", "incomplete"]},
@@ -524,7 +525,7 @@ def either(*shapes: ErrorShape) -> Callable[[int], JSON]:
 def openai_error(status: int) -> JSON:
     error = openai.error_body(status, "", None)["error"]
     return obj({"error": obj({"type": only(error["type"], STRING),
-                              "code": only(error["code"], integer())})})
+                              "code": only(error["code"], STRING)})})
 
 
 def statuses(table: Mapping[grpc.StatusCode, int], *own: int) -> tuple[int, ...]:
@@ -545,7 +546,8 @@ OPENAI_ERROR = ErrorShape(
     "OpenAIError", "openai",
     'OpenAI\'s routes; errors are `{"error": {"message", "type", "param", "code"}}`',
     obj({"error": obj({"message": STRING, "type": STRING, "param": nullable(STRING),
-                       "code": integer()}, ["message", "type", "param", "code"], closed=True)},
+                       "code": nullable(STRING)}, ["message", "type", "param", "code"],
+                      closed=True)},
         ["error"], closed=True),
     statuses(openai.HTTP_STATUS), openai_error)
 # MindIE's own: 400 for a body that is not JSON, 501 for what is not implemented.
@@ -610,6 +612,7 @@ NO_BODY: dict[str, JSON] = {}
 HEALTH = Operation("200 (empty) when the model is ready and no stop is under way, else 503",
                    NO_BODY)
 GENERATION_STREAM = "Server-Sent Events, one `data:` event per token"
+SERVER_METADATA = {"get": Operation("KServe v2 server metadata", json_reply("ServerMetadata"))}
 OPERATIONS: dict[str, dict[str, Operation]] = {
     "health_live": {"get": Operation("200 (empty) when the server is live", NO_BODY)},
     "health_ready": {"get": Operation("200 (empty) when the server is ready", NO_BODY)},
@@ -622,7 +625,6 @@ OPERATIONS: dict[str, dict[str, Operation]] = {
                                       json_reply("ModelConfig"))},
     "repository_index": {"post": Operation(
         "Triton's model repository index (the served model; an empty body or `ready: false` "
-SERVER_METADATA = {"get": Operation("KServe v2 server metadata", json_reply("ServerMetadata"))}
         "lists it while it loads too)", json_reply("RepositoryIndex"),
         ref("RepositoryIndexRequest"), body_required=False)},
     "server_statistics": {"get": Operation("Triton's statistics of every model",

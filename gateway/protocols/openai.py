@@ -19,6 +19,7 @@ InferenceClient sends to a server given by its URL.
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import time
 import uuid
@@ -35,6 +36,9 @@ from switchboard.gateway.protocols.parameters import json_type
 from switchboard.proto import switchboard_pb2 as sb
 from switchboard.proto import vllm_sampling
 
+# The backend configuration answers were made with (OpenAI's system_fingerprint, a string in
+# every answer and chunk): this release.
+SYSTEM_FINGERPRINT = f"switchboard-{importlib.metadata.version('switchboard')}"
 UNLIMITED = 2**31 - 1  # max_new_tokens that the server caps at its limits
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's /v1/completions default
 NAMES = vllm_sampling.NAMES  # vLLM's names of its extras, as vLLM's OpenAI server takes them
@@ -342,7 +346,7 @@ def _prompts(prompt: object) -> list[str | list[int]]:
 
 def _header(options: OpenAIOptions, obj: str) -> dict[str, object]:
     return {"id": options.response_id, "object": obj, "created": options.created,
-            "model": options.model}
+            "model": options.model, "system_fingerprint": SYSTEM_FINGERPRINT}
 
 
 def _bytes(text: str) -> list[int]:
@@ -404,7 +408,8 @@ def reply(calls: list[Call], generations: list[Generation], options: OpenAIOptio
             if options.kind == "chat.completion":
                 choices.append({"index": index,
                                 "message": {"role": "assistant",
-                                            "content": sequence.generated_text},
+                                            "content": sequence.generated_text,
+                                            "refusal": None},
                                 "logprobs": _chat_logprobs(sequence.tokens) if options.logprobs
                                 else None,
                                 "finish_reason": reason})
@@ -418,8 +423,7 @@ def reply(calls: list[Call], generations: list[Generation], options: OpenAIOptio
                                     generated, 0, generation.prompt if options.echo else ())
                                 if options.logprobs else None,
                                 "finish_reason": "length" if options.echo_only else reason})
-    return {**_header(options, options.kind), "choices": choices, "usage": usage(generations),
-            "system_fingerprint": None}
+    return {**_header(options, options.kind), "choices": choices, "usage": usage(generations)}
 
 
 def usage(generations: list[Generation], pending: int = 0) -> dict[str, object]:
@@ -482,5 +486,6 @@ def model_json(name: str, created: int, max_model_len: int | None) -> dict[str, 
 
 
 def error_body(status: int, message: str, param: str | None) -> dict[str, object]:
+    """OpenAI's error object; its `code` is a string (the spec's type): the HTTP status's."""
     return {"error": {"message": message, "type": ERROR_TYPES.get(status, "server_error"),
-                      "param": param, "code": status}}
+                      "param": param, "code": str(status)}}

@@ -135,6 +135,16 @@ def test_chat_completion_answers_paris(greedy_chat) -> None:
     assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
 
 
+def test_a_chat_answer_has_the_fields_openais_spec_requires(client) -> None:
+    """A string system_fingerprint (TGI's spec requires it too) and message.refusal (null)."""
+    raw = client.chat.completions.with_raw_response.create(model=MODEL, messages=QUESTION,
+                                                           max_tokens=2)
+    document = raw.http_response.json()
+    assert isinstance(document["system_fingerprint"], str) and document["system_fingerprint"]
+    message = document["choices"][0]["message"]
+    assert "refusal" in message and message["refusal"] is None
+
+
 def test_an_assistants_started_answer_is_continued(client, greedy_chat) -> None:
     """vLLM's continue_final_message: the answer goes on from the last message's text, here
     the start of the answer the model gives by itself; template variables the template does
@@ -185,6 +195,8 @@ def test_streamed_chat_yields_the_same_text_and_a_usage_chunk(client, greedy_cha
     *content_chunks, last = chunks
     assert all(chunk.object == "chat.completion.chunk" for chunk in chunks)
     assert len({chunk.id for chunk in chunks}) == 1
+    # A string in every chunk, as TGI's spec requires and OpenAI's types it.
+    assert {type(chunk.system_fingerprint) for chunk in chunks} == {str}
     assert content_chunks[0].choices[0].delta.role == "assistant"
     assert all(chunk.usage is None and [c.index for c in chunk.choices] == [0]
                for chunk in content_chunks)
@@ -475,6 +487,8 @@ def assert_openai_error(refused: pytest.ExceptionInfo, param: str) -> None:
     document = error.response.json()
     assert set(document) == {"error"}
     assert document["error"]["type"] == "invalid_request_error"
+    # A string, as OpenAI's spec types it (typed clients decode it as one).
+    assert document["error"]["code"] == "400" == error.code
     assert document["error"]["param"] == param == error.param
     assert param in document["error"]["message"]
 

@@ -87,7 +87,7 @@ def test_a_body_for_no_api_is_refused_in_openais_shape(gateway, client_files, bo
     status, reply = invoke(gateway, client_files, body)
     assert status == 400, reply
     assert set(reply) == {"error"}
-    assert (reply["error"]["type"], reply["error"]["code"]) == ("invalid_request_error", 400)
+    assert (reply["error"]["type"], reply["error"]["code"]) == ("invalid_request_error", "400")
     if body != b"{":
         assert all(f"`{field}`" in reply["error"]["message"]
                    for field in ("inputs", "messages", "prompt"))

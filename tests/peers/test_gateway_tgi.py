@@ -454,7 +454,7 @@ def test_vllm_tokenize_errors_are_vllms_openai_errors(gateway, client_files, bod
     got, reply = request(gateway.url("business"), client_files, "/tokenize", body)
     assert got == status, reply
     assert set(reply["error"]) == {"message", "type", "param", "code"}
-    assert (reply["error"]["param"], reply["error"]["code"]) == (param, status)
+    assert (reply["error"]["param"], reply["error"]["code"]) == (param, str(status))
 
 
 def test_vllm_detokenize_refuses_an_id_outside_the_vocabulary(gateway, client_files) -> None:

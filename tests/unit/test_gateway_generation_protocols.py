@@ -1003,10 +1003,11 @@ def test_chat_reply_shape() -> None:
     assert reply["object"] == "chat.completion"
     assert reply["id"] == options.response_id and reply["model"] == "smollm2"
     assert reply["created"] == options.created
-    assert reply["system_fingerprint"] is None
+    assert reply["system_fingerprint"] == openai.SYSTEM_FINGERPRINT
     first, second = reply["choices"]
     assert first == {
-        "index": 0, "message": {"role": "assistant", "content": "é"}, "finish_reason": "stop",
+        "index": 0, "message": {"role": "assistant", "content": "é", "refusal": None},
+        "finish_reason": "stop",
         "logprobs": {"content": [
             {"token": "é", "logprob": -0.5, "bytes": [195, 169],
              "top_logprobs": [{"token": "é", "logprob": -0.5, "bytes": [195, 169]}]},
@@ -1122,6 +1123,7 @@ def test_chat_chunks() -> None:
     role = openai.chunk(options, 0, role=True)
     assert role == {"id": options.response_id, "object": "chat.completion.chunk",
                     "created": options.created, "model": "m",
+                    "system_fingerprint": openai.SYSTEM_FINGERPRINT,
                     "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
                                  "logprobs": None, "finish_reason": None}]}
     content = openai.chunk(options, 1, delta_text="Hi", tokens=[token(5, "Hi", -0.5)])
@@ -1182,7 +1184,7 @@ def test_usage_chunk() -> None:
                                             finish="length", cached=3))
         assert openai.usage_chunk([generation], options) == {
             "id": options.response_id, "object": kind, "created": options.created,
-            "model": "", "choices": [],
+            "model": "", "system_fingerprint": openai.SYSTEM_FINGERPRINT, "choices": [],
             "usage": {"prompt_tokens": 4, "completion_tokens": 5, "total_tokens": 9,
                       "prompt_tokens_details": {"cached_tokens": 3}}}
 
@@ -1207,7 +1209,7 @@ def test_models_json_has_vllms_root_parent_and_max_model_len() -> None:
 def test_openai_error_body(status: int, error_type: str) -> None:
     assert openai.error_body(status, "max_tokens: must be an integer", "max_tokens") == {
         "error": {"message": "max_tokens: must be an integer", "type": error_type,
-                  "param": "max_tokens", "code": status}}
+                  "param": "max_tokens", "code": str(status)}}
 
 
 # --- vLLM's demo server ------------------------------------------------------------------------
