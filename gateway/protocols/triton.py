@@ -7,11 +7,13 @@ Request `{"id", "text_input", "parameters": {...}}`; other top-level properties 
 backend interface (`stream`, `exclude_input_in_output`, `sampling_parameters`, `return_*`: see
 proto/vllm_backend_tensors.py) is sent as that input tensor, the others as request parameters.
 
-Without such inputs the request speaks MindIE's text interface. Response `{"id", "model_name",
-"model_version", "text_output", "details": {"finish_reason", "generated_tokens",
-"first_token_cost", "decode_cost", "perf_stat"?}}`; the stream sends one event per token
-with the running details, `prefill_time` (ms) on the first and `decode_time` (ms) on the
-others, `finish_reason` on the last.
+Without such inputs the request speaks MindIE's text interface, and KServe's generate
+extension beside it (`max_tokens`, temperature and top_p from 0: see KSERVE_NAMES). Response
+`{"id", "model_name", "model_version", "text_output", "details": {"finish_reason",
+"generated_tokens", "first_token_cost", "decode_cost", "perf_stat"?, "logprobs"}}`; the
+stream sends one event per token with the running details (KServe's `token` among them),
+`prefill_time` (ms) on the first and `decode_time` (ms) on the others, `finish_reason` on the
+last.
 
 With them it speaks the vLLM backend's (its parameters by vLLM's names), and each response is
 Triton's: `{"id"?, "model_name", "model_version", "text_output"}` with each further output
@@ -90,7 +92,7 @@ def generate_request_to_pb(model: str, version: str, document: object, route_str
 def _read_kserve_parameters(fields: dict[str, object]) -> dict[str, str]:
     """KServe's generate-extension parameters in `fields` under MindIE's names and readings;
     returns the names the request used that the server's errors must name."""
-    names = {name: ours for name, ours in KSERVE_NAMES.items() if name in fields}
+    names = {name: ours for name, ours in KSERVE_NAMES.items() if fields.get(name) is not None}
     for name, ours in names.items():
         if ours in fields:
             raise bad_request(name, f"is KServe's name of MindIE's {ours}: send one of them")
