@@ -20,6 +20,7 @@ from switchboard.engine.errors import EngineError, GenerationFailed, NotFound
 from switchboard.engine.request import RequestOutput
 from switchboard.proto import grpc_service_pb2 as pb
 from switchboard.proto import grpc_service_pb2_grpc as pb_grpc
+from switchboard.proto.constants import GRPC_ERROR_HEADER
 from switchboard.server import codec, model_info
 from switchboard.server.errors import refusal
 from switchboard.server.metrics import execution_count
@@ -31,8 +32,6 @@ Response = TypeVar("Response")
 ServicerClass = TypeVar("ServicerClass")
 # A stream request that failed, and why: it ends that request only.
 StreamError = tuple[pb.ModelInferRequest, EngineError]
-# Triton's header asking for stream errors as gRPC statuses (inference_protocols.md).
-GRPC_ERROR_HEADER = "triton_grpc_error"
 
 
 def engine_errors(rpc: Callable[..., Awaitable[Response]]) -> Callable[..., Awaitable[Response]]:
