@@ -12,7 +12,7 @@ INSTALLED := $(VENV)/.installed
 TEST_INSTALLED := $(VENV)/.test-installed
 ARGS ?=
 
-.PHONY: install proto certs run test bench soak clean
+.PHONY: install proto certs run test docs bench soak clean
 
 install: $(INSTALLED)
 
@@ -52,6 +52,10 @@ run: install certs
 test: $(TEST_INSTALLED)
 	$(PY) -m pytest -q tests --ignore=tests/peers
 	$(PY) -m pytest -q tests/peers
+
+# The generated tables in docs/ (routes, request parameters, flags), rewritten from the code.
+docs: install
+	$(PY) -m switchboard.docs
 
 bench: $(VENV)/.bench-installed
 	$(PY) -m bench $(ARGS)

@@ -143,7 +143,7 @@ SSE: JSON = {SSE_CONTENT_TYPE.split(";")[0]: {"schema": obj({"data": STRING, "ev
 
 # --- request bodies -------------------------------------------------------------------------
 
-# The request parameters of the Triton family and MindIE (README, "Request parameters"), with
+# The request parameters of the Triton family and MindIE (docs/parameters.md), with
 # MindIE's REST units: priority 1-5, timeout in seconds.
 PARAMETERS: dict[str, JSON] = {
     "do_sample": BOOLEAN, "temperature": POSITIVE, "top_k": TOP_K, "top_p": PROBABILITY,

@@ -1,5 +1,6 @@
-"""The README's grpcurl call, curl calls and client snippets work as written (against test
-processes: their addresses and certificate folder replace the default ones and tls/dev/)."""
+"""The README's grpcurl call, curl calls and client snippets, and docs/protocols.md's curl calls,
+work as written (against test processes: their addresses and certificate folder replace the
+default ones and tls/dev/)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+PROTOCOLS = ROOT / "docs" / "protocols.md"
 
 
-def snippet(section: str, language: str) -> str:
-    text = README.read_text()
+def snippet(section: str, language: str, document: Path = README) -> str:
+    text = document.read_text()
     start = text.index(section)
     match = re.compile(rf"```{language}\n(.*?)```", re.S).search(text, start)
     return match.group(1)
@@ -30,17 +33,26 @@ def localize_gateway(code: str, gateway, pki) -> str:
             .replace("tls/dev/", f"{pki.folder}/"))
 
 
-def test_readme_curl_calls_answer(gateway, pki) -> None:
-    command = localize_gateway(snippet("### curl, over the gateway", "sh"), gateway, pki)
+def run_curl_calls(document: Path, section: str, gateway, pki) -> str:
+    command = localize_gateway(snippet(section, "sh", document), gateway, pki)
     ran = subprocess.run(["bash", "-ec", command], capture_output=True, text=True, timeout=300)
     assert ran.returncode == 0, ran.stderr
-    assert '"text_output": " Paris' in ran.stdout, ran.stdout  # Triton's /generate
-    assert '"text_output":" Paris' in ran.stdout  # its stream
-    assert '"text_output": "The capital of France is Paris' in ran.stdout  # vLLM backend's
-    assert '"output0"' in ran.stdout and '"total_slots"' in ran.stdout
-    assert '"generated_text": " Paris' in ran.stdout  # TGI
-    assert '{"text": ["The capital of France is Paris' in ran.stdout  # vLLM's demo server
-    assert '"content": "The capital of France is Paris' in ran.stdout  # OpenAI chat
+    return ran.stdout
+
+
+def test_readme_curl_calls_answer(gateway, pki) -> None:
+    stdout = run_curl_calls(README, "### curl, over the gateway", gateway, pki)
+    assert '"text_output": " Paris' in stdout, stdout  # Triton's /generate
+    assert '"generated_text": " Paris' in stdout  # TGI
+    assert '"content": "The capital of France is Paris' in stdout  # OpenAI chat
+
+
+def test_protocols_doc_curl_calls_answer(gateway, pki) -> None:
+    stdout = run_curl_calls(PROTOCOLS, "## More curl calls", gateway, pki)
+    assert '"text_output":" Paris' in stdout, stdout  # Triton's generate_stream
+    assert '"text_output": "The capital of France is Paris' in stdout  # vLLM backend's
+    assert '"output0"' in stdout and '"total_slots"' in stdout
+    assert '{"text": ["The capital of France is Paris' in stdout  # vLLM's demo server
 
 
 def test_readme_openai_and_huggingface_hub_snippet_runs(gateway, pki) -> None:

@@ -94,7 +94,7 @@ def test_run_passes_the_servers_flags_on(pki, client_files, tmp_path) -> None:
 
 def test_a_sighup_to_run_reloads_both_childrens_tls_files_and_run_serves_on(pki, client_files,
                                                                            tmp_path) -> None:
-    """Certificate rotation as the README says it: SIGHUP to the pid `make run` shows. It
+    """Certificate rotation as docs/operations.md says it: SIGHUP to the pid `make run` shows. It
     used to end `run` alone (the default action), orphaning the two children."""
     with switchboard_run(pki, tmp_path) as (run, ready, child_pids):
         run.send_signal(signal.SIGHUP)
