@@ -116,15 +116,15 @@ def test_kserves_generate_extension_is_served_beside_mindies(gateway, client_fil
     assert status == 200, reply
     assert reply["text_output"].startswith(" Paris")
     details = reply["details"]
-    assert details["finish_reason"] == "length" and details["generated_tokens"] == 4
-    assert len(details["logprobs"]) == 4
+    assert details["finish_reason"] in ("length", "stop_sequence")
+    assert len(details["logprobs"]) == details["generated_tokens"] <= 4
     assert_kserve_tokens(details["logprobs"])
     streamed = curl_with(client_files, business(gateway, model_path("generate_stream")),
                          body=KSERVE_GENERATE, stream=True)
     assert (streamed.exit_code, streamed.status) == (0, 200), streamed.body
     events = streamed.events()
     assert [event["details"]["token"] for event in events] == details["logprobs"]
-    assert events[-1]["details"]["finish_reason"] == "length"
+    assert events[-1]["details"]["finish_reason"] == details["finish_reason"]
 
 
 @pytest.mark.parametrize("parameters", [{"max_tokens": 0}, {"max_tokens": 2, "top_p": 1.5}],
