@@ -4,13 +4,13 @@ with its own TLS settings, and the upstream gRPC server it transcodes to."""
 from __future__ import annotations
 
 import enum
-import ipaddress
 import ssl
 from dataclasses import dataclass
 
 import grpc
 
 from switchboard.tls import TLSFiles, TLSMaterial
+from switchboard.tls.plaintext import check_plaintext_host
 
 DEFAULT_HTTP_HOST = "127.0.0.1"
 DEFAULT_BUSINESS_PORT = 1025
@@ -57,9 +57,8 @@ class PlaneConfig:
         if self.tls_mode is not TLSMode.NONE and self.tls is None:
             raise ValueError(f"the {self.plane.value} plane needs TLS files for "
                              f"{self.tls_mode.value} TLS")
-        if self.tls_mode is TLSMode.NONE and not is_loopback(self.host):
-            raise ValueError(f"plain HTTP on the {self.plane.value} plane is allowed on a loopback "
-                             f"address only; got {self.host!r}")
+        if self.tls_mode is TLSMode.NONE:
+            check_plaintext_host(self.host, f"plain HTTP on the {self.plane.value} plane")
 
     @property
     def scheme(self) -> str:
@@ -135,12 +134,3 @@ class GatewayConfig:
 
     def plane(self, plane: Plane) -> PlaneConfig:
         return next(config for config in self.planes if config.plane is plane)
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from switchboard.tls import TLSFiles
+from switchboard.tls.plaintext import check_plaintext_host
 
 logger = logging.getLogger(__name__)
 
@@ -87,8 +88,13 @@ class ServerConfig:
     grpc_host: str = DEFAULT_GRPC_HOST
     grpc_port: int = DEFAULT_GRPC_PORT
     tls: TLSFiles | None = None
+    # Plaintext gRPC (no `tls`) on an address other than loopback, which is refused otherwise.
+    allow_insecure_non_loopback: bool = False
 
     def __post_init__(self) -> None:
+        if self.tls is None and not self.allow_insecure_non_loopback:
+            check_plaintext_host(self.grpc_host, "plaintext gRPC (--insecure)",
+                                 "--allow-insecure-non-loopback")
         if not self.model_name:
             raise ValueError("model_name must not be empty")
         if isinstance(self.grpc_port, bool) or not isinstance(self.grpc_port, int) \

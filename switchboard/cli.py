@@ -39,7 +39,7 @@ PARTNER_EXIT_GRACE_S = 15
 ENGINE_SETTINGS = tuple(field.name for field in dataclasses.fields(EngineConfig))
 SERVER_FLAGS = frozenset({"model", "model_name", "device", "dtype", "quantization", "grpc_host",
                           "grpc_port", "cache_dir", "tls_crl", "enforce_eager",
-                          "num_speculative_tokens"})
+                          "num_speculative_tokens", "allow_insecure_non_loopback"})
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -129,6 +129,9 @@ def _add_server_arguments(parser: argparse.ArgumentParser) -> dict[str, str]:
              "own text, verified in the same step; default: 0 (off)")
     add("--grpc-host", help=f"default: {DEFAULT_GRPC_HOST}")
     add("--grpc-port", type=int, help=f"default: {DEFAULT_GRPC_PORT}; 0 picks a free port")
+    add("--allow-insecure-non-loopback", action="store_true", default=None,
+        help="with --insecure, serve plaintext gRPC on a --grpc-host other than loopback "
+             "(refused otherwise): anyone on the network can then use and stop the server")
     add("--cache-dir", type=Path,
         help="where converted GGUF models are kept (default: ~/.cache/switchboard)")
     return add.options
@@ -201,6 +204,7 @@ def _configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerConfig]:
         grpc_host=settings.get("grpc_host", DEFAULT_GRPC_HOST),
         grpc_port=settings.get("grpc_port", DEFAULT_GRPC_PORT),
         tls=tls,
+        allow_insecure_non_loopback=bool(settings.get("allow_insecure_non_loopback")),
     )
     return engine_config, server_config
 

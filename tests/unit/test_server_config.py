@@ -431,3 +431,25 @@ def test_the_log_level_may_come_before_or_after_the_command() -> None:
     assert _parser().parse_args(["run", "--log-level", "debug"]).log_level == "debug"
     assert _parser().parse_args(["--log-level", "warning", "server"]).log_level == "warning"
     assert _parser().parse_args(["gateway"]).log_level == "info"
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.0.2.7", "example.com"])
+def test_plaintext_grpc_off_loopback_is_refused_without_its_explicit_flag(host: str) -> None:
+    with pytest.raises(ValueError, match=rf"plaintext gRPC \(--insecure\) is allowed on a "
+                                         rf"loopback address only unless "
+                                         rf"--allow-insecure-non-loopback is given; got '{host}'"):
+        configs("--insecure", "--grpc-host", host)
+    server_config = configs("--insecure", "--grpc-host", host,
+                            "--allow-insecure-non-loopback")[1]
+    assert server_config.is_insecure and server_config.grpc_host == host
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "::1", "localhost"])
+def test_plaintext_grpc_on_loopback_needs_no_flag(host: str) -> None:
+    assert configs("--insecure", "--grpc-host", host)[1].is_insecure
+
+
+def test_run_checks_the_plaintext_rule_before_loading_the_model(caplog) -> None:
+    args = _parser().parse_args(["run", "--insecure", "--grpc-host", "0.0.0.0"])
+    assert args.command(args) == 2
+    assert "plaintext gRPC (--insecure) is allowed on a loopback address only" in caplog.text
