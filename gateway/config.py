@@ -66,7 +66,7 @@ class PlaneConfig:
 
     def ssl_context(self) -> ssl.SSLContext | None:
         """TLS 1.2 at least; a client certificate required in mutual mode, refused when the
-        CRL lists it. Reads the files each time (certificate rotation builds a new one)."""
+        CRLs list it or one of its issuers (each issuer of the chain needs its CRL). Reads the files each time (certificate rotation builds a new one)."""
         if self.tls_mode is TLSMode.NONE:
             return None
         assert self.tls is not None
@@ -78,7 +78,7 @@ class PlaneConfig:
                                else ssl.CERT_NONE)
         if self.tls.crl_file is not None:
             context.load_verify_locations(cafile=str(self.tls.crl_file))
-            context.verify_flags |= ssl.VERIFY_CRL_CHECK_LEAF
+            context.verify_flags |= ssl.VERIFY_CRL_CHECK_CHAIN
         return context
 
 

@@ -67,7 +67,7 @@ class Server:
         self._health = health_aio.HealthServicer()
         self._credentials = None if config.tls is None else ReloadableCredentials(config.tls)
         revocation = [] if config.tls is None or config.tls.crl_file is None else [
-            RevocationInterceptor(lambda: self._credentials.revoked_serial_numbers)]
+            RevocationInterceptor(lambda: self._credentials.revocations)]
         self._grpc = grpc.aio.server(
             interceptors=revocation,
             options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),

@@ -120,8 +120,9 @@ def key_matches(certificate: x509.Certificate, private_key: PrivateKey) -> bool:
     return certificate.public_key().public_bytes(*spki) == private_key.public_key().public_bytes(*spki)
 
 
-def create_ca(common_name: str, *, valid_days: int = 3650, key_type: KeyType = "ec") -> CertificateAuthority:
-    """A self-signed root CA."""
+def create_ca(common_name: str, *, valid_days: int = 3650, key_type: KeyType = "ec",
+              issuer: CertificateAuthority | None = None) -> CertificateAuthority:
+    """A CA: a self-signed root, or an intermediate signed by `issuer`."""
     if valid_days <= 0:
         raise ValueError(f"valid_days must be positive, got {valid_days}")
     key = _generate_key(key_type)
@@ -131,7 +132,7 @@ def create_ca(common_name: str, *, valid_days: int = 3650, key_type: KeyType = "
     certificate = (
         x509.CertificateBuilder()
         .subject_name(name)
-        .issuer_name(name)
+        .issuer_name(name if issuer is None else issuer.certificate.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(not_before)
@@ -143,10 +144,11 @@ def create_ca(common_name: str, *, valid_days: int = 3650, key_type: KeyType = "
         )
         .add_extension(ski, critical=False)
         .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ski),
+            x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ski) if issuer is None
+            else _authority_key_identifier(issuer),
             critical=False,
         )
-        .sign(key, hashes.SHA256())
+        .sign(key if issuer is None else issuer.private_key, hashes.SHA256())
     )
     return CertificateAuthority(certificate, key)
 

@@ -226,6 +226,44 @@ def test_with_a_crl_a_valid_client_certificate_is_served(crl_service, client_fil
     assert_grpc_generates(server.address, client_files)
 
 
+@pytest.fixture(scope="module")
+def intermediate_pki(tmp_path_factory) -> tuple[DevPKIPaths, dict[str, ClientFiles]]:
+    """A PKI of its own with two intermediate CAs, whose CRLs (crls.pem) revoke the first;
+    clients {"revoked": a leaf under it, "valid": a leaf under the other}, each
+    presenting its intermediate after its own certificate. The CA file holds the root and both
+    intermediates (their CRLs are checked against them); the gateway's upstream certificate,
+    issued by the root, is not revoked."""
+    pki = write_dev_pki(tmp_path_factory.mktemp("intermediates"))
+    root = load_ca(pki)
+    revoked, valid = (create_ca(f"{name} intermediate CA", issuer=root)
+                      for name in ("revoked", "valid"))
+    pki.ca_cert.write_bytes(b"".join(ca.certificate_pem() for ca in (root, revoked, valid)))
+    (pki.folder / "crls.pem").write_bytes(create_crl(root, [revoked.serial_number])
+                                          + create_crl(revoked, []) + create_crl(valid, []))
+    clients = {}
+    for name, ca in (("revoked", revoked), ("valid", valid)):
+        leaf = issue_certificate(ca, f"leaf-under-{name}", kind="client",
+                                 hosts=[f"leaf-under-{name}"])
+        files = write_client_files(pki.ca_cert, tmp_path_factory.mktemp(name), leaf)
+        files.cert.write_bytes(leaf.certificate_pem() + ca.certificate_pem())
+        clients[name] = files
+    return pki, clients
+
+
+def test_a_leaf_under_a_revoked_intermediate_is_refused_on_both_ports(intermediate_pki) -> None:
+    pki, clients = intermediate_pki
+    with service(pki.folder, "--tls-crl", str(pki.folder / "crls.pem")) as (server, gateway):
+        with make_client(server.address, clients["revoked"]) as triton, \
+                pytest.raises(InferenceServerException) as raised:
+            triton.is_server_live()
+        assert raised.value.status() == "StatusCode.UNAUTHENTICATED"
+        assert "CN=revoked intermediate CA has been revoked" in raised.value.message()
+        assert_handshake_refused(curl_with(clients["revoked"],
+                                           gateway.url("business") + "/v2/health/ready"))
+        assert_grpc_generates(server.address, clients["valid"])
+        assert_gateway_generates(gateway, clients["valid"])
+
+
 # TLS versions
 
 
