@@ -1,13 +1,22 @@
-"""`switchboard.v1.Management`: MindIE's management operations that KServe v2 has no RPC for."""
+"""`switchboard.v1.Management`: MindIE's management operations that KServe v2 has no RPC for.
+
+Those that change the server for everyone (StopService) need a management identity: a client
+certificate whose common name the configuration names (the gateway's own by default, which
+relays MindIE's /stopService from its management plane); any other client gets
+PERMISSION_DENIED. The others read (GetStatus, GetSlotCount, GetMetrics,
+ProbeGeneration) or stop one request by its id (StopInfer, which MindIE's business plane
+serves), and stay open to every client the TLS handshake admits."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import grpc
 
@@ -19,17 +28,40 @@ from switchboard.server import codec
 from switchboard.server.served_model import ServedModel
 from switchboard.server.servicer import engine_errors
 
+Response = TypeVar("Response")
 PROBE_PROMPT = "Hello"
 PROBE_TIMEOUT_S = 10.0
 
 
-class ManagementServicer(sb_grpc.ManagementServicer):
-    """`stop_service(force)` drains the server and makes it exit (StopService)."""
+def management_only(rpc: Callable[..., Awaitable[Response]]) -> Callable[..., Awaitable[Response]]:
+    """Refuse the RPC to a client without a management identity (PERMISSION_DENIED)."""
 
-    def __init__(self, served: ServedModel,
-                 stop_service: Callable[[bool], Awaitable[None]]) -> None:
+    @functools.wraps(rpc)
+    async def checked(self: ManagementServicer, request: object,
+                      context: grpc.aio.ServicerContext) -> Response:
+        if self.management_identities is not None:
+            names = {name.decode(errors="replace")
+                     for name in context.auth_context().get("x509_common_name", ())}
+            if not names & self.management_identities:
+                await context.abort(
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    f"{rpc.__name__} needs a management identity: a client certificate whose "
+                    f"common name the server's --management-identity names")
+        return await rpc(self, request, context)
+
+    return checked
+
+
+class ManagementServicer(sb_grpc.ManagementServicer):
+    """`stop_service(force)` drains the server and makes it exit (StopService).
+    `management_identities`: the common names of the client certificates that may call the
+    management operations; None without TLS (plaintext listens on loopback only)."""
+
+    def __init__(self, served: ServedModel, stop_service: Callable[[bool], Awaitable[None]],
+                 management_identities: frozenset[str] | None) -> None:
         self.served = served
         self.stop_service = stop_service
+        self.management_identities = management_identities
         self._stop: asyncio.Future[None] | None = None
 
     @engine_errors
@@ -96,6 +128,7 @@ class ManagementServicer(sb_grpc.ManagementServicer):
         return sb.ProbeGenerationResponse(
             latency_us=round((time.monotonic() - start) * codec.MICROSECONDS))
 
+    @management_only
     async def StopService(self, request: sb.StopServiceRequest, context: grpc.aio.ServicerContext
                           ) -> sb.StopServiceResponse:
         if self.served.stopping:
@@ -104,3 +137,4 @@ class ManagementServicer(sb_grpc.ManagementServicer):
         self._stop = asyncio.ensure_future(self.stop_service(request.force))
         await asyncio.shield(self._stop)  # the stop goes on if the caller leaves
         return sb.StopServiceResponse()
+

@@ -27,6 +27,7 @@ from switchboard.server.config import (DEFAULT_GRPC_HOST, DEFAULT_GRPC_PORT, DEF
                            tls_files_from_settings)
 from switchboard.process import ChildProcess, GatewayProcess, ServerProcess
 from switchboard.tls import TLSConfigError, TLSFiles, dev_files
+from switchboard.tls.pki import GATEWAY_IDENTITY
 
 logger = logging.getLogger("switchboard")
 
@@ -39,7 +40,8 @@ PARTNER_EXIT_GRACE_S = 15
 ENGINE_SETTINGS = tuple(field.name for field in dataclasses.fields(EngineConfig))
 SERVER_FLAGS = frozenset({"model", "model_name", "device", "dtype", "quantization", "grpc_host",
                           "grpc_port", "cache_dir", "tls_crl", "enforce_eager",
-                          "num_speculative_tokens", "allow_insecure_non_loopback"})
+                          "num_speculative_tokens", "allow_insecure_non_loopback",
+                          "management_identities"})
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -85,9 +87,10 @@ def _add_common_arguments(parser: argparse.ArgumentParser) -> None:
                         help="JSON config file with MindIE's config.json keys")
     parser.add_argument("--tls-dir", type=Path,
                         help="folder with ca.pem, server.pem, server.key.pem, client.pem, "
-                             f"client.key.pem (default: {DEFAULT_TLS_DIR}; a config file's TLS "
-                             "keys replace its server files, and the gateway's calls to the "
-                             "server use its client files all the same)")
+                             "client.key.pem, gateway.pem, gateway.key.pem (default: "
+                             f"{DEFAULT_TLS_DIR}; a config file's TLS keys replace its server "
+                             "files, and the gateway's calls to the server use its gateway "
+                             "files all the same)")
     parser.add_argument("--insecure", action="store_true",
                         help="no TLS at all: plaintext gRPC, plain HTTP on loopback (logs a warning)")
     parser.add_argument("--tls-crl", type=Path,
@@ -132,6 +135,10 @@ def _add_server_arguments(parser: argparse.ArgumentParser) -> dict[str, str]:
     add("--allow-insecure-non-loopback", action="store_true", default=None,
         help="with --insecure, serve plaintext gRPC on a --grpc-host other than loopback "
              "(refused otherwise): anyone on the network can then use and stop the server")
+    add("--management-identity", action="append", dest="management_identities", metavar="NAME",
+        help="the common name of a client certificate that may call the management "
+             "operations (StopService), repeatable; other certificates get PERMISSION_DENIED "
+             f"(default: {GATEWAY_IDENTITY}, the gateway's own gateway.pem)")
     add("--cache-dir", type=Path,
         help="where converted GGUF models are kept (default: ~/.cache/switchboard)")
     return add.options
@@ -205,6 +212,7 @@ def _configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerConfig]:
         grpc_port=settings.get("grpc_port", DEFAULT_GRPC_PORT),
         tls=tls,
         allow_insecure_non_loopback=bool(settings.get("allow_insecure_non_loopback")),
+        management_identities=tuple(settings.get("management_identities", (GATEWAY_IDENTITY,))),
     )
     return engine_config, server_config
 
@@ -248,14 +256,14 @@ def gateway_config(args: argparse.Namespace) -> GatewayConfig:
         if "grpc_port" in settings
         else DEFAULT_UPSTREAM)
     client_files = None if insecure else dataclasses.replace(
-        dev_files(args.tls_dir or DEFAULT_TLS_DIR, "client"), key_password=_key_password(args))
+        dev_files(args.tls_dir or DEFAULT_TLS_DIR, "gateway"), key_password=_key_password(args))
     if client_files is not None:
         try:
             client_files.load()
         except TLSConfigError as error:
             raise ConfigError(
                 "the gateway's client certificate for its calls to the server is the TLS "
-                f"folder's client.pem and client.key.pem (--tls-dir, default {DEFAULT_TLS_DIR}; "
+                f"folder's gateway.pem and gateway.key.pem (--tls-dir, default {DEFAULT_TLS_DIR}; "
                 f"a config file's TLS keys are the server's certificate): {error}") from None
     return GatewayConfig(planes=tuple(planes),
                          upstream=UpstreamConfig(target=upstream, tls=client_files),
@@ -305,10 +313,8 @@ def _run(args: argparse.Namespace) -> int:
               *(["--tls-key-password-file", str(args.tls_key_password_file)]
                 if args.tls_key_password_file else []),
               *(["--insecure"] if args.insecure else [])]
-    server_flags, gateway_flags = (
-        [f"{option}={getattr(args, dest)}" if not isinstance(getattr(args, dest), bool)
-         else option for dest, option in options.items() if getattr(args, dest) is not None]
-        for options in (args.server_options, args.gateway_options))
+    server_flags, gateway_flags = (_flags_given(args, options)
+                                   for options in (args.server_options, args.gateway_options))
     # Both configurations are checked before the model loads, which may take minutes.
     try:
         _configs(_parser().parse_args(["server", *shared, *server_flags]))
@@ -361,6 +367,20 @@ def _run(args: argparse.Namespace) -> int:
     finally:
         for child in reversed(children):
             child.stop()
+
+
+def _flags_given(args: argparse.Namespace, options: dict[str, str]) -> list[str]:
+    """The flags of `options` ({dest: option}) that `args` were given, to pass on."""
+    flags = []
+    for dest, option in options.items():
+        value = getattr(args, dest)
+        if isinstance(value, bool):
+            flags.append(option)
+        elif isinstance(value, list):
+            flags.extend(f"{option}={item}" for item in value)
+        elif value is not None:
+            flags.append(f"{option}={value}")
+    return flags
 
 
 def default_cache_dir() -> Path:

@@ -77,14 +77,18 @@ class TLSFiles:
                            else _revocations(self.crl_file, authorities))
 
 
-def dev_files(folder: Path, role: Literal["server", "client"]) -> TLSFiles:
-    """The files of a dev PKI folder (see :func:`tls.pki.write_dev_pki`) that ``role`` uses."""
+def dev_files(folder: Path, role: Literal["server", "client", "gateway"]) -> TLSFiles:
+    """The files of a dev PKI folder (see :func:`tls.pki.write_dev_pki`) that ``role`` uses
+    (the gateway's: its client certificate for its calls to the gRPC server)."""
     paths = DevPKIPaths.in_folder(folder)
     if role == "server":
         return TLSFiles(ca_file=paths.ca_cert, cert_file=paths.server_cert, key_file=paths.server_key)
     if role == "client":
         return TLSFiles(ca_file=paths.ca_cert, cert_file=paths.client_cert, key_file=paths.client_key)
-    raise ValueError(f"role must be 'server' or 'client', got {role!r}")
+    if role == "gateway":
+        return TLSFiles(ca_file=paths.ca_cert, cert_file=paths.gateway_cert,
+                        key_file=paths.gateway_key)
+    raise ValueError(f"role must be 'server', 'client' or 'gateway', got {role!r}")
 
 
 def _warn_outside_validity(certificate: x509.Certificate, path: Path) -> None:

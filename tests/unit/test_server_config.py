@@ -16,10 +16,12 @@ from switchboard.engine.config import EngineConfig, EngineLimits
 from switchboard.engine.errors import (EngineDead, EngineError, GenerationFailed, InvalidRequest, NotFound,
                            Overloaded, PromptTooLong, RequestTimedOut)
 from switchboard.gateway.config import GatewayConfig, Plane, TLSMode
-from switchboard.cli import KEY_PASSWORD_ENV, _configs, _describe, _parser, gateway_config
+from switchboard.cli import (KEY_PASSWORD_ENV, _configs, _describe, _flags_given, _parser,
+                             gateway_config)
 from switchboard.server.config import (ConfigError, ServerConfig, crl_file_from_settings, read_config_file,
                            tls_files_from_settings)
 from switchboard.server.errors import status_for
+from switchboard.tls.pki import GATEWAY_IDENTITY
 from switchboard.tls import (CertificateAuthority, DevPKIPaths, TLSConfigError, TLSFiles, create_crl,
                  write_dev_pki)
 
@@ -324,7 +326,7 @@ def test_the_gateway_defaults_to_mindies_ports_with_mutual_tls_on_every_plane(
         (Plane.METRICS, "127.0.0.1", 1027, TLSMode.MUTUAL)]
     assert config.plane(Plane.BUSINESS).tls.cert_file == pki.server_cert
     assert config.upstream.target == "127.0.0.1:8001"
-    assert config.upstream.tls.cert_file == pki.client_cert
+    assert config.upstream.tls.cert_file == pki.gateway_cert
 
 
 def test_gateway_ports_come_from_mindie_keys_then_flags(pki: DevPKIPaths, tmp_path: Path) -> None:
@@ -396,7 +398,7 @@ def test_a_gateway_without_its_client_certificate_says_where_it_looked(
         gateway_settings("--config", str(path))
     assert str(caught.value).startswith(
         "the gateway's client certificate for its calls to the server is the TLS folder's "
-        "client.pem and client.key.pem (--tls-dir, default tls/dev; a config file's TLS keys "
+        "gateway.pem and gateway.key.pem (--tls-dir, default tls/dev; a config file's TLS keys "
         "are the server's certificate): ")
 
 
@@ -454,3 +456,14 @@ def test_run_checks_the_plaintext_rule_before_loading_the_model(caplog) -> None:
     args = _parser().parse_args(["run", "--insecure", "--grpc-host", "0.0.0.0"])
     assert args.command(args) == 2
     assert "plaintext gRPC (--insecure) is allowed on a loopback address only" in caplog.text
+
+
+def test_management_identities_are_the_gateways_unless_named(pki: DevPKIPaths) -> None:
+    assert configs("--insecure")[1].management_identities == (GATEWAY_IDENTITY,)
+    named = configs("--insecure", "--management-identity", "ops",
+                    "--management-identity", "ci")[1]
+    assert named.management_identities == ("ops", "ci")
+    args = _parser().parse_args(["run", "--management-identity", "ops",
+                                 "--management-identity", "ci"])
+    assert _flags_given(args, args.server_options) == ["--management-identity=ops",
+                                                       "--management-identity=ci"]

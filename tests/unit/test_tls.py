@@ -32,7 +32,8 @@ from switchboard.tls import (
 from switchboard.tls.__main__ import main as cli_main
 from switchboard.tls.revocation import revocations
 
-MINDIE_NAMES = {"ca.pem", "ca.key.pem", "server.pem", "server.key.pem", "client.pem", "client.key.pem"}
+MINDIE_NAMES = {"ca.pem", "ca.key.pem", "server.pem", "server.key.pem", "client.pem", "client.key.pem",
+                "gateway.pem", "gateway.key.pem"}
 
 
 @pytest.fixture(scope="module")
