@@ -3,7 +3,7 @@
 Those that change the server for everyone (StopService) need a management identity: a client
 certificate whose common name the configuration names (the gateway's own by default, which
 relays MindIE's /stopService from its management plane); any other client gets
-PERMISSION_DENIED. The others read (GetStatus, GetSlotCount, GetMetrics,
+PERMISSION_DENIED. The others read (GetStatus, GetSlotCount, GetMetrics, a shared
 ProbeGeneration) or stop one request by its id (StopInfer, which MindIE's business plane
 serves), and stay open to every client the TLS handshake admits."""
 
@@ -20,7 +20,8 @@ from typing import TypeVar
 
 import grpc
 
-from switchboard.engine.errors import InvalidRequest, NotFound
+from switchboard.engine.protocol import EngineClient
+from switchboard.engine.errors import InvalidRequest, NotFound, RequestTimedOut
 from switchboard.engine.validation import MAX_TIMEOUT_S, build_request
 from switchboard.proto import switchboard_pb2 as sb
 from switchboard.proto import switchboard_pb2_grpc as sb_grpc
@@ -63,6 +64,7 @@ class ManagementServicer(sb_grpc.ManagementServicer):
         self.stop_service = stop_service
         self.management_identities = management_identities
         self._stop: asyncio.Future[None] | None = None
+        self._probe: asyncio.Future[None] | None = None
 
     @engine_errors
     async def StopInfer(self, request: sb.StopInferRequest, context: grpc.aio.ServicerContext
@@ -114,17 +116,19 @@ class ManagementServicer(sb_grpc.ManagementServicer):
     @engine_errors
     async def ProbeGeneration(self, request: sb.ProbeGenerationRequest,
                               context: grpc.aio.ServicerContext) -> sb.ProbeGenerationResponse:
+        """Probes at the same time share one generation: a crowd of them costs one request,
+        which counts against no business limit. Each waits for it within its own deadline."""
         start = time.monotonic()
         engine = self.served.ready_engine()
+        if self._probe is None or self._probe.done():
+            self._probe = asyncio.ensure_future(_probe_generation(engine))
+            self._probe.add_done_callback(_retrieve_error)  # if every caller has left
         remaining = context.time_remaining()
-        timeout_s = min(remaining if remaining is not None else PROBE_TIMEOUT_S, MAX_TIMEOUT_S)
-        spec = dataclasses.replace(build_request(
-            f"probe-{uuid.uuid4().hex}", engine.encode(PROBE_PROMPT),
-            {"max_new_tokens": 1, "timeout": timeout_s, "do_sample": False}, engine.limits),
-            probe=True)
-        async with contextlib.aclosing(engine.generate(spec)) as events:
-            async for _ in events:
-                pass
+        try:
+            await asyncio.wait_for(asyncio.shield(self._probe),
+                                   PROBE_TIMEOUT_S if remaining is None else remaining)
+        except TimeoutError:
+            raise RequestTimedOut("the probe generation did not finish in time") from None
         return sb.ProbeGenerationResponse(
             latency_us=round((time.monotonic() - start) * codec.MICROSECONDS))
 
@@ -138,3 +142,18 @@ class ManagementServicer(sb_grpc.ManagementServicer):
         await asyncio.shield(self._stop)  # the stop goes on if the caller leaves
         return sb.StopServiceResponse()
 
+
+async def _probe_generation(engine: EngineClient) -> None:
+    """One token of PROBE_PROMPT; it may run as long as a request may, while probes wait."""
+    spec = dataclasses.replace(build_request(
+        f"probe-{uuid.uuid4().hex}", engine.encode(PROBE_PROMPT),
+        {"max_new_tokens": 1, "timeout": MAX_TIMEOUT_S, "do_sample": False}, engine.limits),
+        probe=True)
+    async with contextlib.aclosing(engine.generate(spec)) as events:
+        async for _ in events:
+            pass
+
+
+def _retrieve_error(probe: asyncio.Future[None]) -> None:
+    if not probe.cancelled():
+        probe.exception()
