@@ -108,8 +108,11 @@ class UpstreamConfig:
 class GatewayConfig:
     """Limits: `max_connections` (MindIE's maxLinkNum) inference requests forwarded at once,
     the others waiting their turn, and CONNECTIONS_PER_LINK × as many connections open per
-    plane; `client_timeout_s` for a request's headers (and a TLS handshake) to arrive, for its
-    body, and for an idle keep-alive connection; `max_header_bytes` for its headers."""
+    plane, of which `max_client_connections` from one client address (max_connections when
+    None: a crowd from one address leaves two thirds of a plane to the others);
+    `client_timeout_s` for a request's headers (and a TLS handshake) to arrive, for its body,
+    and for an idle keep-alive connection; `max_header_bytes` for its headers. A request
+    waits for its turn once its body has arrived: a slow body holds a connection, no turn."""
 
     planes: tuple[PlaneConfig, ...]
     upstream: UpstreamConfig
@@ -117,6 +120,7 @@ class GatewayConfig:
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     client_timeout_s: float = DEFAULT_CLIENT_TIMEOUT_S
     max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
+    max_client_connections: int | None = None
 
     def __post_init__(self) -> None:
         if sorted(plane.plane.value for plane in self.planes) != sorted(p.value for p in Plane):
@@ -127,10 +131,17 @@ class GatewayConfig:
                         and (plane.tls_mode, plane.tls) != (other.tls_mode, other.tls):
                     raise ValueError(f"the {plane.plane.value} and {other.plane.value} planes share "
                                      f"{plane.host}:{plane.port} but not their TLS settings")
-        for name in ("max_body_bytes", "max_connections", "client_timeout_s", "max_header_bytes"):
+        for name in ("max_body_bytes", "max_connections", "client_timeout_s", "max_header_bytes",
+                     "max_client_connections"):
             value = getattr(self, name)
+            if name == "max_client_connections" and value is None:
+                continue
             if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
                 raise ValueError(f"{name} must be positive; got {value!r}")
+
+    @property
+    def connections_per_client(self) -> int:
+        return self.max_client_connections or self.max_connections
 
     def plane(self, plane: Plane) -> PlaneConfig:
         return next(config for config in self.planes if config.plane is plane)

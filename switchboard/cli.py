@@ -169,6 +169,9 @@ def _add_gateway_arguments(parser: argparse.ArgumentParser, *, with_upstream: bo
         help="MindIE's maxLinkNum N: N inference requests forwarded at once, the next wait "
              "their turn; one connection over 3N per plane gets 503 (default: the config "
              f"file's maxLinkNum, else {DEFAULT_MAX_CONNECTIONS})")
+    add("--max-client-connections", type=int,
+        help="connections one client address may hold open per plane; one more gets 503 "
+             "(default: the --max-connections value, a third of a plane's)")
     add("--client-timeout", type=float,
         help="seconds for a request's headers, for its body, and for an idle connection; "
              f"slower clients are cut off (default: {DEFAULT_CLIENT_TIMEOUT_S:g})")
@@ -271,7 +274,8 @@ def gateway_config(args: argparse.Namespace) -> GatewayConfig:
                          max_connections=settings.get("max_connections", DEFAULT_MAX_CONNECTIONS),
                          client_timeout_s=settings.get("client_timeout", DEFAULT_CLIENT_TIMEOUT_S),
                          max_header_bytes=settings.get("max_header_bytes",
-                                                       DEFAULT_MAX_HEADER_BYTES))
+                                                       DEFAULT_MAX_HEADER_BYTES),
+                         max_client_connections=settings.get("max_client_connections"))
 
 
 def _server_tls(args: argparse.Namespace, settings: dict[str, object]) -> TLSFiles:
