@@ -12,7 +12,6 @@ from __future__ import annotations
 import gzip
 import json
 import re
-from urllib.parse import urlsplit
 
 import pytest
 from gateway_clients import MODEL, connect, request
