@@ -38,9 +38,10 @@ $(TEST_INSTALLED): $(INSTALLED)
 proto: install
 	$(PY) -m switchboard.proto.compile
 
-certs: tls/dev/ca.pem
+certs: tls/dev/gateway.pem
 
-tls/dev/ca.pem: | install
+# gateway.pem came last: a folder without it is written anew.
+tls/dev/gateway.pem: | install
 	$(PY) -m switchboard.tls --out tls/dev
 
 run: install certs

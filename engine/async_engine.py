@@ -69,6 +69,7 @@ class AsyncEngine:
         # The core knows each request by an internal id unique for the engine's life, so late
         # events of an abandoned request never reach a newer request with the same caller id.
         self._streams: dict[str, asyncio.Queue[RequestOutput]] = {}
+        self._num_probe_streams = 0  # not counted against max_unfinished
         self._internal_ids: dict[str, str] = {}
         self._counter = itertools.count()
         self._inbox: list[Callable[[EngineCore], None]] = []
@@ -228,11 +229,13 @@ class AsyncEngine:
             raise EngineDead("the engine is not running")
         if request.request_id in self._internal_ids:
             raise InvalidRequest("id", f"request id {request.request_id!r} is already in use")
-        if len(self._streams) >= self._max_unfinished and not request.probe:
+        if not request.probe \
+                and len(self._streams) - self._num_probe_streams >= self._max_unfinished:
             raise Overloaded(f"too many requests in flight ({self._max_unfinished}); retry later")
         internal_id = f"{request.request_id}#{next(self._counter)}"
         queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
         self._streams[internal_id] = queue
+        self._num_probe_streams += request.probe
         self._internal_ids[request.request_id] = internal_id
         internal_request = dataclasses.replace(request, request_id=internal_id)
         self._submit(lambda core: core.add(internal_request))
@@ -246,6 +249,7 @@ class AsyncEngine:
                 yield dataclasses.replace(output, request_id=request.request_id)
         finally:
             del self._streams[internal_id]
+            self._num_probe_streams -= request.probe
             del self._internal_ids[request.request_id]
             if not finished:
                 self._submit(lambda core: core.abort(internal_id))

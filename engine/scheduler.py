@@ -138,12 +138,13 @@ class Scheduler:
 
     def _admit(self, chunks: dict[Request, ScheduledChunk], budget: int) -> None:
         """Start waiting requests, best priority first, while budget, slots and blocks last
-        (a probe needs no free slot).
+        (a probe needs no free slot, and takes none from the others).
         A request still collecting prompt log-probabilities reuses no cached prefix: it must
         compute every prompt position."""
+        num_running = sum(not running.spec.probe for running in self.running)
         while self._waiting and budget > 0:
             request = self._waiting[0][1]
-            if len(self.running) >= self.max_running and not request.spec.probe:
+            if num_running >= self.max_running and not request.spec.probe:
                 return
             if not request.block_table.block_ids and not request.needs_prompt_logprobs:
                 request.num_computed_tokens = self.block_manager.reuse_prefix(
@@ -161,6 +162,7 @@ class Scheduler:
                 request.num_cached_tokens = min(request.num_computed_tokens,
                                                 len(request.spec.prompt_token_ids))
             self.running.append(request)
+            num_running += not request.spec.probe
             chunks[request] = ScheduledChunk(request, request.num_computed_tokens, num_tokens)
             budget -= self._prefill_tokens(chunks[request])
 

@@ -142,6 +142,7 @@ class Gateway:
                 idle_connection_timeout=self.config.client_timeout_s,
                 body_timeout=self.config.client_timeout_s,
                 max_connections=CONNECTIONS_PER_LINK * self.config.max_connections,
+                max_client_connections=self.config.connections_per_client,
                 refusal_timeout_s=self.config.client_timeout_s)
             try:
                 sockets = tornado.netutil.bind_sockets(plane_config.port, plane_config.host)

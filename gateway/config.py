@@ -4,13 +4,13 @@ with its own TLS settings, and the upstream gRPC server it transcodes to."""
 from __future__ import annotations
 
 import enum
-import ipaddress
 import ssl
 from dataclasses import dataclass
 
 import grpc
 
 from switchboard.tls import TLSFiles, TLSMaterial
+from switchboard.tls.plaintext import check_plaintext_host
 
 DEFAULT_HTTP_HOST = "127.0.0.1"
 DEFAULT_BUSINESS_PORT = 1025
@@ -57,9 +57,8 @@ class PlaneConfig:
         if self.tls_mode is not TLSMode.NONE and self.tls is None:
             raise ValueError(f"the {self.plane.value} plane needs TLS files for "
                              f"{self.tls_mode.value} TLS")
-        if self.tls_mode is TLSMode.NONE and not is_loopback(self.host):
-            raise ValueError(f"plain HTTP on the {self.plane.value} plane is allowed on a loopback "
-                             f"address only; got {self.host!r}")
+        if self.tls_mode is TLSMode.NONE:
+            check_plaintext_host(self.host, f"plain HTTP on the {self.plane.value} plane")
 
     @property
     def scheme(self) -> str:
@@ -67,7 +66,7 @@ class PlaneConfig:
 
     def ssl_context(self) -> ssl.SSLContext | None:
         """TLS 1.2 at least; a client certificate required in mutual mode, refused when the
-        CRL lists it. Reads the files each time (certificate rotation builds a new one)."""
+        CRLs list it or one of its issuers (each issuer of the chain needs its CRL). Reads the files each time (certificate rotation builds a new one)."""
         if self.tls_mode is TLSMode.NONE:
             return None
         assert self.tls is not None
@@ -79,7 +78,7 @@ class PlaneConfig:
                                else ssl.CERT_NONE)
         if self.tls.crl_file is not None:
             context.load_verify_locations(cafile=str(self.tls.crl_file))
-            context.verify_flags |= ssl.VERIFY_CRL_CHECK_LEAF
+            context.verify_flags |= ssl.VERIFY_CRL_CHECK_CHAIN
         return context
 
 
@@ -109,8 +108,11 @@ class UpstreamConfig:
 class GatewayConfig:
     """Limits: `max_connections` (MindIE's maxLinkNum) inference requests forwarded at once,
     the others waiting their turn, and CONNECTIONS_PER_LINK × as many connections open per
-    plane; `client_timeout_s` for a request's headers (and a TLS handshake) to arrive, for its
-    body, and for an idle keep-alive connection; `max_header_bytes` for its headers."""
+    plane, of which `max_client_connections` from one client address (max_connections when
+    None: a crowd from one address leaves two thirds of a plane to the others);
+    `client_timeout_s` for a request's headers (and a TLS handshake) to arrive, for its body,
+    and for an idle keep-alive connection; `max_header_bytes` for its headers. A request
+    waits for its turn once its body has arrived: a slow body holds a connection, no turn."""
 
     planes: tuple[PlaneConfig, ...]
     upstream: UpstreamConfig
@@ -118,6 +120,7 @@ class GatewayConfig:
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     client_timeout_s: float = DEFAULT_CLIENT_TIMEOUT_S
     max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
+    max_client_connections: int | None = None
 
     def __post_init__(self) -> None:
         if sorted(plane.plane.value for plane in self.planes) != sorted(p.value for p in Plane):
@@ -128,19 +131,17 @@ class GatewayConfig:
                         and (plane.tls_mode, plane.tls) != (other.tls_mode, other.tls):
                     raise ValueError(f"the {plane.plane.value} and {other.plane.value} planes share "
                                      f"{plane.host}:{plane.port} but not their TLS settings")
-        for name in ("max_body_bytes", "max_connections", "client_timeout_s", "max_header_bytes"):
+        for name in ("max_body_bytes", "max_connections", "client_timeout_s", "max_header_bytes",
+                     "max_client_connections"):
             value = getattr(self, name)
+            if name == "max_client_connections" and value is None:
+                continue
             if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
                 raise ValueError(f"{name} must be positive; got {value!r}")
 
+    @property
+    def connections_per_client(self) -> int:
+        return self.max_client_connections or self.max_connections
+
     def plane(self, plane: Plane) -> PlaneConfig:
         return next(config for config in self.planes if config.plane is plane)
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False

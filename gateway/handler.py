@@ -4,9 +4,10 @@ shape (never a traceback), and in-flight gRPC calls cancelled when the client go
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
-from collections.abc import AsyncIterable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -52,12 +53,19 @@ class Handler(tornado.web.RequestHandler):
     `error_body` for their protocol's error shape (KServe v2's `{"error": message}` here).
     Those whose POST runs a generation set `runs_inference`: during a graceful stop they answer
     503, and the gateway waits for those in flight before it exits; at most maxLinkNum of them
-    are forwarded at once, the others waiting in arrival order."""
+    are forwarded at once, the others waiting in arrival order, each from when its body has
+    arrived (a client sending its body slowly holds no one's turn)."""
 
     status_table = KSERVE_HTTP_STATUS
     runs_inference = False
     # The protocol's field names → the server's, where they differ: errors name its fields.
     names: Mapping[str, str] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for method in cls.SUPPORTED_METHODS:
+            if method.lower() in vars(cls):
+                setattr(cls, method.lower(), _after_the_body(vars(cls)[method.lower()]))
 
     def initialize(self, services: Services, route: str) -> None:
         self.services = services
@@ -67,6 +75,9 @@ class Handler(tornado.web.RequestHandler):
         self._chunks: list[bytes] = []
         self._size = 0
         self._decoder: BodyDecoder | None = None
+        # Why the body is refused, found as it arrived and answered once it has: an error
+        # raised from data_received would end the connection without an answer.
+        self._body_error: RequestError | None = None
         self._calls: set[grpc.aio.Call] = set()
         self._in_flight = False
         self._admitted = False
@@ -82,10 +93,13 @@ class Handler(tornado.web.RequestHandler):
         if self.runs_inference and self.request.method == "POST":
             self.services.lifecycle.enter()
             self._in_flight = True
-            await self.services.admission.acquire()
-            self._admitted = True
-            if self._client_gone:  # it left while waiting its turn
-                self._release()
+
+    async def _wait_turn(self) -> None:
+        """Take one of the maxLinkNum forwarding slots, waiting in arrival order."""
+        await self.services.admission.acquire()
+        self._admitted = True
+        if self._client_gone:  # it left while waiting its turn
+            self._release()
 
     async def is_server_ready(self) -> bool:
         """Ready for inference: the server says so, and this gateway is not stopping."""
@@ -121,18 +135,32 @@ class Handler(tornado.web.RequestHandler):
             self.services.lifecycle.leave()
 
     def data_received(self, chunk: bytes) -> None:
-        if self._decoder is not None:
-            chunk = self._decoder.decode(chunk)
-        self._size += len(chunk)
-        if self._size > self.max_body_bytes:
-            raise RequestError(413, f"the body is over the limit of {self.max_body_bytes} bytes")
+        if self._body_error is not None:
+            return
+        try:
+            if self._decoder is not None:
+                chunk = self._decoder.decode(chunk)
+            self._size += len(chunk)
+            if self._size > self.max_body_bytes:
+                raise RequestError(413, f"the body is over the limit of {self.max_body_bytes} "
+                                        "bytes")
+        except RequestError as error:
+            self._body_error = error
+            self._chunks.clear()
+            return
         self._chunks.append(chunk)
+
+    def _check_body(self) -> None:
+        """Refuse a body that arrived over the limit or not in its Content-Encoding."""
+        if self._body_error is not None:
+            raise self._body_error
+        if self._decoder is not None:
+            self._decoder.finish()
 
     @property
     def body(self) -> bytes:
         """The request's body, decoded from its Content-Encoding."""
-        if self._decoder is not None:
-            self._decoder.finish()
+        self._check_body()
         return b"".join(self._chunks)
 
     def track(self, call: grpc.aio.Call) -> grpc.aio.Call:
@@ -269,6 +297,23 @@ class Handler(tornado.web.RequestHandler):
                         value.code().name, value.details())
         else:
             super().log_exception(typ, value, tb)
+
+
+def _after_the_body(method: Callable[..., Awaitable[None] | None]
+                    ) -> Callable[..., Awaitable[None]]:
+    """A handler's HTTP method, which Tornado calls once the body has arrived: a body refused
+    as it arrived is answered first, and a POST that runs inference waits for its turn."""
+
+    @functools.wraps(method)
+    async def after_the_body(self: Handler, *args: str, **kwargs: str) -> None:
+        self._check_body()
+        if self.runs_inference and self.request.method == "POST" and not self._admitted:
+            await self._wait_turn()
+        result = method(self, *args, **kwargs)
+        if result is not None:
+            await result
+
+    return after_the_body
 
 
 class NotFoundHandler(Handler):

@@ -60,7 +60,7 @@ class Server:
         self._health = health_aio.HealthServicer()
         self._credentials = None if config.tls is None else ReloadableCredentials(config.tls)
         revocation = [] if config.tls is None or config.tls.crl_file is None else [
-            RevocationInterceptor(lambda: self._credentials.revoked_serial_numbers)]
+            RevocationInterceptor(lambda: self._credentials.revocations)]
         self._grpc = grpc.aio.server(interceptors=revocation, options=GRPC_MESSAGE_OPTIONS)
         self._engine: AsyncEngine | None = None
         self.port: int | None = None
@@ -75,7 +75,10 @@ class Server:
             InferenceServicer(self._served, package_version()), self._grpc)
         sb_grpc.add_GenerationServicer_to_server(GenerationServicer(self._served), self._grpc)
         sb_grpc.add_ManagementServicer_to_server(
-            ManagementServicer(self._served, self.stop_service), self._grpc)
+            ManagementServicer(self._served, self.stop_service,
+                               None if self._config.is_insecure
+                               else frozenset(self._config.management_identities)),
+            self._grpc)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
         reflection.enable_server_reflection(
             (*SERVICES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,

@@ -10,7 +10,6 @@ Wire facts (Triton's grpc_service.proto, tritonclient): tensors may arrive as
 from __future__ import annotations
 
 import enum
-import json
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from switchboard.proto import grpc_service_pb2 as pb
 from switchboard.proto import tensor_bytes
 from switchboard.proto.tensor_bytes import serialize_bytes
 from switchboard.server import triton_vllm
+from switchboard.server.json_text import decode_json
 from switchboard.server.triton_vllm import VllmOptions
 
 FINAL_RESPONSE_PARAMETER = "triton_final_response"
@@ -261,11 +261,7 @@ def parameter_values(parameters: Mapping[str, pb.InferParameter]) -> dict[str, o
 
 def _json_value(name: str, text: str, kind: str) -> object:
     """A JSON_PARAMETERS value decoded; what it holds is checked by the engine's validation."""
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as error:
-        raise InvalidRequest(name, f"starts with '{JSON_OPENINGS[kind]}' but is not a JSON "
-                             f"{kind}: {error}") from None
+    return decode_json(name, text, f"a JSON {kind} (it starts with '{JSON_OPENINGS[kind]}')")
 
 
 def aggregate(outputs: Iterable[RequestOutput]) -> InferResult:

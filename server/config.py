@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from switchboard.tls import TLSFiles
+from switchboard.tls.pki import GATEWAY_IDENTITY
+from switchboard.tls.plaintext import check_plaintext_host
 
 logger = logging.getLogger(__name__)
 
@@ -87,10 +89,20 @@ class ServerConfig:
     grpc_host: str = DEFAULT_GRPC_HOST
     grpc_port: int = DEFAULT_GRPC_PORT
     tls: TLSFiles | None = None
+    # Plaintext gRPC (no `tls`) on an address other than loopback, which is refused otherwise.
+    allow_insecure_non_loopback: bool = False
+    # The common names of the client certificates that may call the management operations
+    # (StopService): the gateway's own, by default.
+    management_identities: tuple[str, ...] = (GATEWAY_IDENTITY,)
 
     def __post_init__(self) -> None:
+        if self.tls is None and not self.allow_insecure_non_loopback:
+            check_plaintext_host(self.grpc_host, "plaintext gRPC (--insecure)",
+                                 "--allow-insecure-non-loopback")
         if not self.model_name:
             raise ValueError("model_name must not be empty")
+        if not all(self.management_identities):
+            raise ValueError("a management identity must not be empty")
         if isinstance(self.grpc_port, bool) or not isinstance(self.grpc_port, int) \
                 or not 0 <= self.grpc_port <= 65535:
             raise ValueError(f"grpc_port must be in [0, 65535]; got {self.grpc_port!r}")

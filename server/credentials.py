@@ -1,19 +1,19 @@
 """The gRPC server's mutual TLS: certificate, key, CA and CRL re-read on `reload` (SIGHUP)
 and used from the next handshake on, without a restart or a dropped stream; and an
-interceptor that refuses client certificates the CRL revokes (grpcio has no CRL option)."""
+interceptor that refuses client certificates the CRLs revoke, or issued by a CA they revoke
+(grpcio has no CRL option)."""
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import inspect
 import logging
 from collections.abc import Awaitable, Callable
 
 import grpc
-from cryptography import x509
 
 from switchboard.tls import TLSConfigError, TLSFiles, TLSMaterial
+from switchboard.tls.revocation import Revocations
 
 logger = logging.getLogger(__name__)
 
@@ -30,8 +30,8 @@ class ReloadableCredentials:
             require_client_authentication=True)
 
     @property
-    def revoked_serial_numbers(self) -> frozenset[int]:
-        return self._material.revoked_serial_numbers
+    def revocations(self) -> Revocations | None:
+        return self._material.revocations
 
     def reload(self) -> None:
         """Read the files again; a file that does not load leaves the current material in use."""
@@ -43,7 +43,7 @@ class ReloadableCredentials:
         self._material = material
         self._pending = _configuration(material)
         logger.info("TLS files reloaded: new connections use them (%d revoked certificates)",
-                    len(material.revoked_serial_numbers))
+                    len(material.revocations or ()))
 
     def _next_configuration(self) -> grpc.ServerCertificateConfiguration | None:
         """gRPC calls this before each handshake (from its own thread): None keeps the current."""
@@ -57,11 +57,12 @@ def _configuration(material: TLSMaterial) -> grpc.ServerCertificateConfiguration
 
 
 class RevocationInterceptor(grpc.aio.ServerInterceptor):
-    """Every RPC from a client whose certificate's serial number is revoked ends with
-    UNAUTHENTICATED before its handler runs."""
+    """Every RPC from a client whose chain the CRLs refuse (its certificate or one of its
+    issuers revoked, or an issuer without a CRL) ends with UNAUTHENTICATED before its handler
+    runs."""
 
-    def __init__(self, revoked_serial_numbers: Callable[[], frozenset[int]]) -> None:
-        self._revoked = revoked_serial_numbers
+    def __init__(self, revocations: Callable[[], Revocations | None]) -> None:
+        self._revocations = revocations
 
     async def intercept_service(
             self, continuation: Callable[[grpc.HandlerCallDetails],
@@ -100,15 +101,13 @@ class RevocationInterceptor(grpc.aio.ServerInterceptor):
         return checked
 
     async def _check(self, context: grpc.aio.ServicerContext) -> None:
-        revoked = self._revoked()
-        if not revoked:
+        revocations = self._revocations()
+        if revocations is None:
             return
-        for pem in context.auth_context().get("x509_pem_cert", ()):
-            if _serial_number(pem) in revoked:
-                await context.abort(grpc.StatusCode.UNAUTHENTICATED,
-                                    "the client certificate has been revoked")
-
-
-@functools.lru_cache(maxsize=256)
-def _serial_number(pem: bytes) -> int:
-    return x509.load_pem_x509_certificate(pem).serial_number
+        properties = context.auth_context()
+        # The client's certificate, then those it sent with it (the leaf again on some sides).
+        presented = b"".join((*properties.get("x509_pem_cert", ()),
+                              *properties.get("x509_pem_cert_chain", ())))
+        if presented and (refusal := revocations.refusal(presented)) is not None:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                                f"the client certificate is refused: {refusal}")

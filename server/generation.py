@@ -4,7 +4,6 @@ log-probabilities, which KServe v2's tensors have no place for."""
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -21,6 +20,7 @@ from switchboard.proto import switchboard_pb2 as sb
 from switchboard.proto import switchboard_pb2_grpc as sb_grpc
 from switchboard.server import codec
 from switchboard.server.errors import refusal
+from switchboard.server.json_text import decode_json
 from switchboard.server.served_model import ServedModel
 from switchboard.server.servicer import engine_errors
 
@@ -80,10 +80,7 @@ class GenerationServicer(sb_grpc.GenerationServicer):
 def chat_prompt(messages: sb.ChatMessages) -> ChatPrompt:
     variables = {}
     if messages.template_variables_json:
-        try:
-            variables = json.loads(messages.template_variables_json)
-        except json.JSONDecodeError as error:
-            raise InvalidRequest("chat_template_kwargs", f"is not JSON: {error}") from None
+        variables = decode_json("chat_template_kwargs", messages.template_variables_json)
         if not isinstance(variables, dict):
             raise InvalidRequest("chat_template_kwargs", "must be an object of template "
                                  f"variables; got {type(variables).__name__}")

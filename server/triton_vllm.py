@@ -19,7 +19,6 @@ names): the two cannot be told apart without a control tensor.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -27,6 +26,7 @@ from switchboard.engine.errors import InvalidRequest
 from switchboard.engine.request import FinishReason
 from switchboard.proto import vllm_sampling
 from switchboard.proto.vllm_backend_tensors import CONTROL_INPUTS, EXTRA_OUTPUTS, SAMPLING_INPUT
+from switchboard.server.json_text import decode_json
 
 BOOL_INPUTS = tuple(name for name, datatype in CONTROL_INPUTS.items() if datatype == "BOOL")
 NO_LOGPROBS = ("log-probabilities are not available over KServe v2 here "
@@ -81,10 +81,7 @@ def read_options(controls: Mapping[str, bool | str]) -> VllmOptions:
 
 def sampling_object(text: str) -> dict[str, object]:
     """The `sampling_parameters` tensor's JSON object."""
-    try:
-        values = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise InvalidRequest(SAMPLING_INPUT, f"is not JSON: {error}") from None
+    values = decode_json(SAMPLING_INPUT, text)
     if not isinstance(values, dict):
         raise InvalidRequest(SAMPLING_INPUT, "must be a JSON object of sampling parameters")
     return values

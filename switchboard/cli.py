@@ -29,6 +29,7 @@ from switchboard.server.config import (DEFAULT_GRPC_HOST, DEFAULT_GRPC_PORT, DEF
 from switchboard.process import (READY_FD_FLAG, ChildProcess, GatewayProcess, ServerProcess,
                                  announce_ready)
 from switchboard.tls import TLSConfigError, TLSFiles, dev_files
+from switchboard.tls.pki import GATEWAY_IDENTITY
 
 logger = logging.getLogger("switchboard")
 
@@ -41,7 +42,8 @@ PARTNER_EXIT_GRACE_S = 15
 ENGINE_SETTINGS = tuple(field.name for field in dataclasses.fields(EngineConfig))
 SERVER_FLAGS = frozenset({"model", "model_name", "device", "dtype", "quantization", "grpc_host",
                           "grpc_port", "cache_dir", "tls_crl", "enforce_eager",
-                          "num_speculative_tokens"})
+                          "num_speculative_tokens", "allow_insecure_non_loopback",
+                          "management_identities"})
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -87,9 +89,10 @@ def _add_common_arguments(parser: argparse.ArgumentParser) -> None:
                         help="JSON config file with MindIE's config.json keys")
     parser.add_argument("--tls-dir", type=Path,
                         help="folder with ca.pem, server.pem, server.key.pem, client.pem, "
-                             f"client.key.pem (default: {DEFAULT_TLS_DIR}; a config file's TLS "
-                             "keys replace its server files, and the gateway's calls to the "
-                             "server use its client files all the same)")
+                             "client.key.pem, gateway.pem, gateway.key.pem (default: "
+                             f"{DEFAULT_TLS_DIR}; a config file's TLS keys replace its server "
+                             "files, and the gateway's calls to the server use its gateway "
+                             "files all the same)")
     parser.add_argument("--insecure", action="store_true",
                         help="no TLS at all: plaintext gRPC, plain HTTP on loopback (logs a warning)")
     parser.add_argument("--tls-crl", type=Path,
@@ -134,6 +137,13 @@ def _add_server_arguments(parser: argparse.ArgumentParser) -> dict[str, str]:
              "own text, verified in the same step; default: 0 (off)")
     add("--grpc-host", help=f"default: {DEFAULT_GRPC_HOST}")
     add("--grpc-port", type=int, help=f"default: {DEFAULT_GRPC_PORT}; 0 picks a free port")
+    add("--allow-insecure-non-loopback", action="store_true", default=None,
+        help="with --insecure, serve plaintext gRPC on a --grpc-host other than loopback "
+             "(refused otherwise): anyone on the network can then use and stop the server")
+    add("--management-identity", action="append", dest="management_identities", metavar="NAME",
+        help="the common name of a client certificate that may call the management "
+             "operations (StopService), repeatable; other certificates get PERMISSION_DENIED "
+             f"(default: {GATEWAY_IDENTITY}, the gateway's own gateway.pem)")
     add("--cache-dir", type=Path,
         help="where converted GGUF models are kept (default: ~/.cache/switchboard)")
     return add.options
@@ -164,6 +174,9 @@ def _add_gateway_arguments(parser: argparse.ArgumentParser, *, with_upstream: bo
         help="MindIE's maxLinkNum N: N inference requests forwarded at once, the next wait "
              "their turn; one connection over 3N per plane gets 503 (default: the config "
              f"file's maxLinkNum, else {DEFAULT_MAX_CONNECTIONS})")
+    add("--max-client-connections", type=int,
+        help="connections one client address may hold open per plane; one more gets 503 "
+             "(default: the --max-connections value, a third of a plane's)")
     add("--client-timeout", type=float,
         help="seconds for a request's headers, for its body, and for an idle connection; "
              f"slower clients are cut off (default: {DEFAULT_CLIENT_TIMEOUT_S:g})")
@@ -207,6 +220,8 @@ def _configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerConfig]:
         grpc_host=settings.get("grpc_host", DEFAULT_GRPC_HOST),
         grpc_port=settings.get("grpc_port", DEFAULT_GRPC_PORT),
         tls=tls,
+        allow_insecure_non_loopback=bool(settings.get("allow_insecure_non_loopback")),
+        management_identities=tuple(settings.get("management_identities", (GATEWAY_IDENTITY,))),
     )
     return engine_config, server_config
 
@@ -250,14 +265,14 @@ def gateway_config(args: argparse.Namespace) -> GatewayConfig:
         if "grpc_port" in settings
         else DEFAULT_UPSTREAM)
     client_files = None if insecure else dataclasses.replace(
-        dev_files(args.tls_dir or DEFAULT_TLS_DIR, "client"), key_password=_key_password(args))
+        dev_files(args.tls_dir or DEFAULT_TLS_DIR, "gateway"), key_password=_key_password(args))
     if client_files is not None:
         try:
             client_files.load()
         except TLSConfigError as error:
             raise ConfigError(
                 "the gateway's client certificate for its calls to the server is the TLS "
-                f"folder's client.pem and client.key.pem (--tls-dir, default {DEFAULT_TLS_DIR}; "
+                f"folder's gateway.pem and gateway.key.pem (--tls-dir, default {DEFAULT_TLS_DIR}; "
                 f"a config file's TLS keys are the server's certificate): {error}") from None
     return GatewayConfig(planes=tuple(planes),
                          upstream=UpstreamConfig(target=upstream, tls=client_files),
@@ -265,7 +280,8 @@ def gateway_config(args: argparse.Namespace) -> GatewayConfig:
                          max_connections=settings.get("max_connections", DEFAULT_MAX_CONNECTIONS),
                          client_timeout_s=settings.get("client_timeout", DEFAULT_CLIENT_TIMEOUT_S),
                          max_header_bytes=settings.get("max_header_bytes",
-                                                       DEFAULT_MAX_HEADER_BYTES))
+                                                       DEFAULT_MAX_HEADER_BYTES),
+                         max_client_connections=settings.get("max_client_connections"))
 
 
 def _server_tls(args: argparse.Namespace, settings: dict[str, object]) -> TLSFiles:
@@ -307,10 +323,8 @@ def _run(args: argparse.Namespace) -> int:
               *(["--tls-key-password-file", str(args.tls_key_password_file)]
                 if args.tls_key_password_file else []),
               *(["--insecure"] if args.insecure else [])]
-    server_flags, gateway_flags = (
-        [f"{option}={getattr(args, dest)}" if not isinstance(getattr(args, dest), bool)
-         else option for dest, option in options.items() if getattr(args, dest) is not None]
-        for options in (args.server_options, args.gateway_options))
+    server_flags, gateway_flags = (_flags_given(args, options)
+                                   for options in (args.server_options, args.gateway_options))
     # Both configurations are checked before the model loads, which may take minutes.
     try:
         _configs(_parser().parse_args(["server", *shared, *server_flags]))
@@ -363,6 +377,20 @@ def _run(args: argparse.Namespace) -> int:
     finally:
         for child in reversed(children):
             child.stop()
+
+
+def _flags_given(args: argparse.Namespace, options: dict[str, str]) -> list[str]:
+    """The flags of `options` ({dest: option}) that `args` were given, to pass on."""
+    flags = []
+    for dest, option in options.items():
+        value = getattr(args, dest)
+        if isinstance(value, bool):
+            flags.append(option)
+        elif isinstance(value, list):
+            flags.extend(f"{option}={item}" for item in value)
+        elif value is not None:
+            flags.append(f"{option}={value}")
+    return flags
 
 
 def default_cache_dir() -> Path:

@@ -51,6 +51,12 @@ def client_files(pki: DevPKIPaths) -> ClientFiles:
 
 
 @pytest.fixture(scope="session")
+def gateway_identity_files(pki: DevPKIPaths) -> ClientFiles:
+    """The gateway's own client certificate: a management identity on the gRPC server."""
+    return ClientFiles(ca=pki.ca_cert, cert=pki.gateway_cert, key=pki.gateway_key)
+
+
+@pytest.fixture(scope="session")
 def foreign_client_files(pki: DevPKIPaths, tmp_path_factory: pytest.TempPathFactory) -> ClientFiles:
     """A client certificate signed by a CA the server does not trust."""
     folder = tmp_path_factory.mktemp("foreign")

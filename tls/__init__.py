@@ -2,7 +2,8 @@
 
 ``tls.pki`` creates a CA, server and client certificates and CRLs, and writes a dev PKI
 with MindIE's file names (``ca.pem``, ``server.pem``, ``server.key.pem``, ``client.pem``,
-``client.key.pem``); ``python -m tls --out tls/dev`` does that from the command line.
+``client.key.pem``, and the gateway's ``gateway.pem``, ``gateway.key.pem``);
+``python -m tls --out tls/dev`` does that from the command line.
 ``tls.files`` loads a role's CA, certificate and key as PEM bytes and checks they parse
 and belong together, raising :class:`TLSConfigError` with the file at fault. This package
 depends only on ``cryptography``.

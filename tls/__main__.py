@@ -13,7 +13,8 @@ from switchboard.tls.pki import DEV_HOSTS, write_dev_pki
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m tls",
-        description="Write a dev CA, a server certificate and a client certificate (MindIE file names).",
+        description="Write a dev CA, a server certificate and client certificates for a client and "
+                    "for the gateway (MindIE file names).",
     )
     parser.add_argument("--out", type=Path, default=Path("tls/dev"), help="folder to write to (default: tls/dev)")
     parser.add_argument("--force", action="store_true", help="regenerate even if all files already exist")

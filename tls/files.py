@@ -14,6 +14,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from switchboard.tls.pki import DevPKIPaths, key_matches
+from switchboard.tls.revocation import Revocations, pem_crl_blocks, revocations
 
 logger = logging.getLogger(__name__)
 
@@ -25,19 +26,19 @@ class TLSConfigError(ValueError):
 @dataclass(frozen=True, slots=True)
 class TLSMaterial:
     """PEM bytes as grpc.ssl_server_credentials / ssl_channel_credentials take them (the key
-    decrypted, in memory only), and the serial numbers the CRL revokes."""
+    decrypted, in memory only), and what the CRLs revoke (None: no CRL file)."""
 
     ca_pem: bytes
     cert_pem: bytes
     key_pem: bytes = field(repr=False)
-    revoked_serial_numbers: frozenset[int] = frozenset()
+    revocations: Revocations | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class TLSFiles:
     """Paths of one side's TLS files: the CA bundle that verifies the peer, our certificate and
-    its key (encrypted with `key_password`, or not), and optionally a CRL of the CA listing
-    peer certificates to refuse.
+    its key (encrypted with `key_password`, or not), and optionally a file of CRLs (the CA's,
+    and those of intermediate CAs the CA file holds) listing peer certificates to refuse.
 
     Nothing is checked at construction, the files may be created later; :meth:`load`
     reads and checks them.
@@ -71,20 +72,23 @@ class TLSFiles:
             key_pem = key.private_bytes(serialization.Encoding.PEM,
                                         serialization.PrivateFormat.PKCS8,
                                         serialization.NoEncryption())
-        revoked = frozenset() if self.crl_file is None else _revoked_serial_numbers(
-            self.crl_file, authorities)
         return TLSMaterial(ca_pem=ca_pem, cert_pem=cert_pem, key_pem=key_pem,
-                           revoked_serial_numbers=revoked)
+                           revocations=None if self.crl_file is None
+                           else _revocations(self.crl_file, authorities))
 
 
-def dev_files(folder: Path, role: Literal["server", "client"]) -> TLSFiles:
-    """The files of a dev PKI folder (see :func:`tls.pki.write_dev_pki`) that ``role`` uses."""
+def dev_files(folder: Path, role: Literal["server", "client", "gateway"]) -> TLSFiles:
+    """The files of a dev PKI folder (see :func:`tls.pki.write_dev_pki`) that ``role`` uses
+    (the gateway's: its client certificate for its calls to the gRPC server)."""
     paths = DevPKIPaths.in_folder(folder)
     if role == "server":
         return TLSFiles(ca_file=paths.ca_cert, cert_file=paths.server_cert, key_file=paths.server_key)
     if role == "client":
         return TLSFiles(ca_file=paths.ca_cert, cert_file=paths.client_cert, key_file=paths.client_key)
-    raise ValueError(f"role must be 'server' or 'client', got {role!r}")
+    if role == "gateway":
+        return TLSFiles(ca_file=paths.ca_cert, cert_file=paths.gateway_cert,
+                        key_file=paths.gateway_key)
+    raise ValueError(f"role must be 'server', 'client' or 'gateway', got {role!r}")
 
 
 def _warn_outside_validity(certificate: x509.Certificate, path: Path) -> None:
@@ -140,13 +144,21 @@ def _parse_private_key(pem: bytes, path: Path, password: bytes | None
     return key
 
 
-def _revoked_serial_numbers(path: Path, authorities: list[x509.Certificate]) -> frozenset[int]:
-    """The serial numbers a PEM CRL revokes, once its signature checks out against a CA."""
-    try:
-        crl = x509.load_pem_x509_crl(_read(path, "CRL"))
-    except ValueError as exc:
-        raise TLSConfigError(f"CRL file {path} is not a PEM CRL: {exc}") from exc
-    if not any(crl.issuer == authority.subject and crl.is_signature_valid(authority.public_key())
-               for authority in authorities):
-        raise TLSConfigError(f"CRL file {path} is not signed by the CA")
-    return frozenset(revoked.serial_number for revoked in crl)
+def _revocations(path: Path, authorities: list[x509.Certificate]) -> Revocations:
+    """What the file's PEM CRLs revoke, once each one's signature checks out against a CA."""
+    blocks = pem_crl_blocks(_read(path, "CRL"))
+    if not blocks:
+        raise TLSConfigError(f"CRL file {path} is not a PEM CRL: it holds no X509 CRL block")
+    crls = []
+    for block in blocks:
+        try:
+            crl = x509.load_pem_x509_crl(block)
+        except ValueError as exc:
+            raise TLSConfigError(f"CRL file {path} is not a PEM CRL: {exc}") from exc
+        if not any(crl.issuer == authority.subject
+                   and crl.is_signature_valid(authority.public_key())
+                   for authority in authorities):
+            raise TLSConfigError(f"CRL file {path}: the CRL of {crl.issuer.rfc4514_string()} "
+                                 "is not signed by the CA file's certificates")
+        crls.append(crl)
+    return revocations(crls, authorities)

@@ -23,6 +23,9 @@ CertificateKind = Literal["server", "client"]
 
 DEV_HOSTS: tuple[str, ...] = ("localhost", "127.0.0.1", "::1")
 DEV_CLIENT_NAME = "switchboard-dev-client"
+# The common name of the gateway's own client certificate (gateway.pem), which the gRPC server
+# takes as a management identity by default: its StopService relays MindIE's /stopService.
+GATEWAY_IDENTITY = "switchboard-gateway"
 
 # Letters, digits, '-' and '_' labels, optionally a leading wildcard label: catches typos
 # such as a space or a URL passed as a host, which would yield an unusable certificate.
@@ -89,6 +92,8 @@ class DevPKIPaths:
     server_key: Path
     client_cert: Path
     client_key: Path
+    gateway_cert: Path
+    gateway_key: Path
 
     @classmethod
     def in_folder(cls, folder: Path) -> DevPKIPaths:
@@ -101,6 +106,8 @@ class DevPKIPaths:
             server_key=folder / "server.key.pem",
             client_cert=folder / "client.pem",
             client_key=folder / "client.key.pem",
+            gateway_cert=folder / "gateway.pem",
+            gateway_key=folder / "gateway.key.pem",
         )
 
     def files(self) -> tuple[Path, ...]:
@@ -111,6 +118,8 @@ class DevPKIPaths:
             self.server_key,
             self.client_cert,
             self.client_key,
+            self.gateway_cert,
+            self.gateway_key,
         )
 
 
@@ -120,8 +129,9 @@ def key_matches(certificate: x509.Certificate, private_key: PrivateKey) -> bool:
     return certificate.public_key().public_bytes(*spki) == private_key.public_key().public_bytes(*spki)
 
 
-def create_ca(common_name: str, *, valid_days: int = 3650, key_type: KeyType = "ec") -> CertificateAuthority:
-    """A self-signed root CA."""
+def create_ca(common_name: str, *, valid_days: int = 3650, key_type: KeyType = "ec",
+              issuer: CertificateAuthority | None = None) -> CertificateAuthority:
+    """A CA: a self-signed root, or an intermediate signed by `issuer`."""
     if valid_days <= 0:
         raise ValueError(f"valid_days must be positive, got {valid_days}")
     key = _generate_key(key_type)
@@ -131,7 +141,7 @@ def create_ca(common_name: str, *, valid_days: int = 3650, key_type: KeyType = "
     certificate = (
         x509.CertificateBuilder()
         .subject_name(name)
-        .issuer_name(name)
+        .issuer_name(name if issuer is None else issuer.certificate.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(not_before)
@@ -143,10 +153,11 @@ def create_ca(common_name: str, *, valid_days: int = 3650, key_type: KeyType = "
         )
         .add_extension(ski, critical=False)
         .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ski),
+            x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ski) if issuer is None
+            else _authority_key_identifier(issuer),
             critical=False,
         )
-        .sign(key, hashes.SHA256())
+        .sign(key if issuer is None else issuer.private_key, hashes.SHA256())
     )
     return CertificateAuthority(certificate, key)
 
@@ -251,7 +262,9 @@ def write_dev_pki(
     hosts: Sequence[str] = DEV_HOSTS,
     overwrite: bool = False,
 ) -> DevPKIPaths:
-    """Create a dev CA with one server and one client certificate under ``folder``.
+    """Create a dev CA with one server certificate and two client certificates under
+    ``folder``: an ordinary client's, and the gateway's own for its calls to the gRPC server
+    (GATEWAY_IDENTITY, a management identity there).
 
     If every file already exists and ``overwrite`` is false, nothing is written. If
     only some exist, all are regenerated: a partial set may mix certificates of
@@ -263,11 +276,13 @@ def write_dev_pki(
     ca = create_ca("Switchboard dev CA")
     server = issue_certificate(ca, "switchboard-dev-server", kind="server", hosts=hosts)
     client = issue_certificate(ca, DEV_CLIENT_NAME, kind="client", hosts=(DEV_CLIENT_NAME,))
+    gateway = issue_certificate(ca, GATEWAY_IDENTITY, kind="client", hosts=(GATEWAY_IDENTITY,))
     paths.folder.mkdir(parents=True, exist_ok=True)
     for credential, cert_path, key_path in (
         (ca, paths.ca_cert, paths.ca_key),
         (server, paths.server_cert, paths.server_key),
         (client, paths.client_cert, paths.client_key),
+        (gateway, paths.gateway_cert, paths.gateway_key),
     ):
         _write_atomically(key_path, credential.private_key_pem(), mode=0o600)
         _write_atomically(cert_path, credential.certificate_pem(), mode=0o644)

@@ -8,10 +8,12 @@ throughout."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import re
 import socket
 import ssl
+import statistics
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -32,7 +34,9 @@ READY = f"/v2/models/{MODEL}/ready"
 
 @pytest.fixture(scope="module")
 def limited_gateway(pki, grpc_server) -> Iterator:
+    # Every test client comes from one address: the whole plane's connections may be its.
     gateway = start_gateway(pki.folder, grpc_server.address,
+                            "--max-client-connections", str(MAX_CONNECTIONS),
                             "--max-connections", str(MAX_LINKS),
                             "--client-timeout", str(CLIENT_TIMEOUT_S),
                             "--max-header-bytes", str(MAX_HEADER_BYTES))
@@ -174,3 +178,61 @@ def test_a_client_that_leaves_before_its_answer_counts_as_499_without_a_tracebac
     assert count == before + 1
     log = limited_gateway.log_text()
     assert "Uncaught exception" not in log and "Traceback" not in log, log
+
+
+# Slow bodies: 1,000 POSTs that send their headers and one byte of their body, the most one
+# client address may hold open with MindIE's default maxLinkNum (1,000), as many as the
+# requests forwarded at once.
+NUM_SLOW_POSTS = 1000
+CANARY_ADDRESS = "127.0.0.2"  # another client, on another loopback address
+CANARY_ROUNDS = 3
+
+
+@pytest.fixture(scope="module")
+def default_gateway(pki, grpc_server) -> Iterator:
+    gateway = start_gateway(pki.folder, grpc_server.address)
+    yield gateway
+    assert gateway.stop() == 0, gateway.log_text()
+
+
+def canary_seconds(gateway, client_files) -> float:
+    """The median time of CANARY_ROUNDS small generations from CANARY_ADDRESS."""
+    parts = urlsplit(gateway.url("business"))
+    body = json.dumps({"text_input": "Hi", "parameters": {"max_new_tokens": 2}})
+    times = []
+    for _ in range(CANARY_ROUNDS):
+        connection = http.client.HTTPSConnection(parts.hostname, parts.port, timeout=120,
+                                                 context=ssl_context(client_files),
+                                                 source_address=(CANARY_ADDRESS, 0))
+        start = time.monotonic()
+        try:
+            connection.request("POST", f"/v2/models/{MODEL}/generate", body,
+                               {"Content-Type": "application/json"})
+            response = connection.getresponse()
+            assert response.status == 200, response.read()
+            response.read()
+        finally:
+            connection.close()
+        times.append(time.monotonic() - start)
+    return statistics.median(times)
+
+
+def test_slow_bodies_hold_no_turn_and_one_address_holds_at_most_its_share(
+        default_gateway, client_files) -> None:
+    """Each slow POST took one of the maxLinkNum turns when its headers came: a canary waited
+    for the client timeout (60 s). Now a request waits for its turn once its body is in, and
+    one connection more from the slow client's address gets 503."""
+    business = default_gateway.url("business")
+    idle_s = canary_seconds(default_gateway, client_files)
+    with ExitStack() as stack:
+        for _ in range(NUM_SLOW_POSTS):
+            connection = stack.enter_context(tls_socket(business, client_files))
+            connection.sendall(generate_head(f"/v2/models/{MODEL}/generate", 1000) + b"{")
+        count, _ = poll(lambda: in_flight(default_gateway, client_files),
+                        lambda n: n == NUM_SLOW_POSTS, deadline_s=60)
+        assert count == NUM_SLOW_POSTS
+        one_more = read_all(stack.enter_context(tls_socket(business, client_files)))
+        assert one_more.startswith(b"HTTP/1.1 503 "), one_more
+        assert b"too many connections from your address: at most 1000 at once" in one_more
+        attacked_s = canary_seconds(default_gateway, client_files)
+    assert attacked_s <= 2 * idle_s, (idle_s, attacked_s)

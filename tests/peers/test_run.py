@@ -121,10 +121,11 @@ def test_stop_service_ends_run_with_status_0(pki, client_files, tmp_path) -> Non
         assert_all_exited(run, child_pids)
 
 
-def test_stop_service_to_the_server_alone_ends_run_with_status_0(pki, client_files,
+def test_stop_service_to_the_server_alone_ends_run_with_status_0(pki, gateway_identity_files,
                                                                 tmp_path) -> None:
     with switchboard_run(pki, tmp_path) as (run, ready, child_pids):
-        stopped = grpcurl(ready["grpc"], client_files, "switchboard.v1.Management/StopService")
+        stopped = grpcurl(ready["grpc"], gateway_identity_files,
+                          "switchboard.v1.Management/StopService")
         assert stopped.returncode == 0, stopped.stderr
         assert_all_exited(run, child_pids)
 

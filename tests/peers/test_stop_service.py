@@ -14,8 +14,8 @@ from concurrent.futures import Future
 
 import pytest
 from conftest import own_service
-from gateway_clients import (MODEL, REQUEST_TIMEOUT_S, connect, curl_with, fetch, long_generation,
-                             open_stream, poll, request, unique_id)
+from gateway_clients import (MODEL, REQUEST_TIMEOUT_S, connect, curl_with, fetch, grpcurl,
+                             long_generation, open_stream, poll, request, unique_id)
 
 from switchboard.process import GatewayProcess, ServerProcess
 
@@ -201,3 +201,19 @@ def test_sigterm_finishes_the_stream_in_flight_then_both_processes_exit(service,
     assert rest[-1]["details"]["generated_tokens"] == 1 + len(rest) == TOKENS
     assert all("finish_reason" not in event["details"] for event in [first, *rest[:-1]])
     assert_exits_cleanly(gateway, server)
+
+
+def test_stop_service_on_grpc_is_denied_to_an_ordinary_client_certificate(
+        grpc_server, gateway, client_files) -> None:
+    """Only a management identity (the gateway's own certificate by default, which keeps
+    /stopService working above) may stop the server; reading its state stays open."""
+    for force in ("{}", '{"force": true}'):
+        refused = grpcurl(grpc_server.address, client_files, "-d", force,
+                          "switchboard.v1.Management/StopService")
+        assert refused.returncode != 0, refused.stdout
+        assert "Code: PermissionDenied" in refused.stderr, refused.stderr
+        assert "StopService needs a management identity" in refused.stderr, refused.stderr
+    status = grpcurl(grpc_server.address, client_files, "switchboard.v1.Management/GetStatus")
+    assert status.returncode == 0 and json.loads(status.stdout)["ready"], status.stderr
+    assert request(gateway.url("business"), client_files, f"/v2/models/{MODEL}/generate",
+                   {"text_input": "Hi", "parameters": {"max_new_tokens": 2}})[0] == 200

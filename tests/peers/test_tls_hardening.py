@@ -28,7 +28,7 @@ from switchboard.cli import KEY_PASSWORD_ENV
 from switchboard.process import GatewayProcess, ServerProcess
 from switchboard.tls import (CertificateAuthority, Credential, DevPKIPaths, create_ca, create_crl,
                  issue_certificate, write_dev_pki)
-from switchboard.tls.pki import DEV_HOSTS
+from switchboard.tls.pki import DEV_HOSTS, GATEWAY_IDENTITY
 
 PASSWORD = "correct-horse-battery-7f3a9c"
 RELOADED, NOT_RELOADED = "TLS files reloaded", "TLS files not reloaded"
@@ -174,7 +174,7 @@ def revoked_files(pki, tmp_path_factory) -> ClientFiles:
 def crl_service(pki, revoked_files, tmp_path_factory
                 ) -> Iterator[tuple[ServerProcess, GatewayProcess]]:
     """A server and a gateway with a CRL that revokes `revoked_files` (not the gateway's own
-    upstream certificate, the PKI's client.pem)."""
+    upstream certificate, the PKI's gateway.pem)."""
     serial = x509.load_pem_x509_certificate(revoked_files.cert.read_bytes()).serial_number
     crl = tmp_path_factory.mktemp("crl") / "crl.pem"
     crl.write_bytes(create_crl(load_ca(pki), [serial]))
@@ -194,7 +194,7 @@ def test_a_server_refusing_the_gateways_own_certificate_is_503_for_clients(
     """The server's CRL revokes the gateway's upstream certificate (the client's is fine, the
     gateway has no CRL): clients get 503, not the server's 401 about a certificate that is
     not theirs, and the gateway's log says what to replace."""
-    serial = x509.load_pem_x509_certificate(pki.client_cert.read_bytes()).serial_number
+    serial = x509.load_pem_x509_certificate(pki.gateway_cert.read_bytes()).serial_number
     crl = tmp_path / "crl.pem"
     crl.write_bytes(create_crl(load_ca(pki), [serial]))
     with own_service(pki.folder, server_args=("--tls-crl", str(crl))) as (_, gateway):
@@ -226,6 +226,44 @@ def test_with_a_crl_a_valid_client_certificate_is_served(crl_service, client_fil
     assert_grpc_generates(server.address, client_files)
 
 
+@pytest.fixture(scope="module")
+def intermediate_pki(tmp_path_factory) -> tuple[DevPKIPaths, dict[str, ClientFiles]]:
+    """A PKI of its own with two intermediate CAs, whose CRLs (crls.pem) revoke the first;
+    clients {"revoked": a leaf under it, "valid": a leaf under the other}, each
+    presenting its intermediate after its own certificate. The CA file holds the root and both
+    intermediates (their CRLs are checked against them); the gateway's upstream certificate,
+    issued by the root, is not revoked."""
+    pki = write_dev_pki(tmp_path_factory.mktemp("intermediates"))
+    root = load_ca(pki)
+    revoked, valid = (create_ca(f"{name} intermediate CA", issuer=root)
+                      for name in ("revoked", "valid"))
+    pki.ca_cert.write_bytes(b"".join(ca.certificate_pem() for ca in (root, revoked, valid)))
+    (pki.folder / "crls.pem").write_bytes(create_crl(root, [revoked.serial_number])
+                                          + create_crl(revoked, []) + create_crl(valid, []))
+    clients = {}
+    for name, ca in (("revoked", revoked), ("valid", valid)):
+        leaf = issue_certificate(ca, f"leaf-under-{name}", kind="client",
+                                 hosts=[f"leaf-under-{name}"])
+        files = write_client_files(pki.ca_cert, tmp_path_factory.mktemp(name), leaf)
+        files.cert.write_bytes(leaf.certificate_pem() + ca.certificate_pem())
+        clients[name] = files
+    return pki, clients
+
+
+def test_a_leaf_under_a_revoked_intermediate_is_refused_on_both_ports(intermediate_pki) -> None:
+    pki, clients = intermediate_pki
+    with service(pki.folder, "--tls-crl", str(pki.folder / "crls.pem")) as (server, gateway):
+        with make_client(server.address, clients["revoked"]) as triton, \
+                pytest.raises(InferenceServerException) as raised:
+            triton.is_server_live()
+        assert raised.value.status() == "StatusCode.UNAUTHENTICATED"
+        assert "CN=revoked intermediate CA has been revoked" in raised.value.message()
+        assert_handshake_refused(curl_with(clients["revoked"],
+                                           gateway.url("business") + "/v2/health/ready"))
+        assert_grpc_generates(server.address, clients["valid"])
+        assert_gateway_generates(gateway, clients["valid"])
+
+
 # TLS versions
 
 
@@ -254,13 +292,13 @@ def test_tls_below_1_2_is_refused_and_1_2_is_accepted(gateway, grpc_server, clie
 
 @pytest.fixture(scope="module")
 def encrypted_pki(tmp_path_factory) -> tuple[DevPKIPaths, ClientFiles]:
-    """A PKI whose server and client keys are encrypted with PASSWORD, and client files with
-    the client key in clear (for the test's own clients)."""
+    """A PKI whose server, client and gateway keys are encrypted with PASSWORD, and client
+    files with the client key in clear (for the test's own clients)."""
     folder = tmp_path_factory.mktemp("encrypted")
     pki = write_dev_pki(folder / "pki")
     plain_key = folder / "client.key.pem"
     plain_key.write_bytes(pki.client_key.read_bytes())
-    for key_file in (pki.server_key, pki.client_key):
+    for key_file in (pki.server_key, pki.client_key, pki.gateway_key):
         key = serialization.load_pem_private_key(key_file.read_bytes(), password=None)
         key_file.write_bytes(key.private_bytes(
             serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
@@ -490,13 +528,13 @@ def test_a_ca_rotation_trusts_both_cas_then_only_the_new_one_without_a_restart(
 
     # The old CA is retired: certificates reissued by the new CA, which alone is trusted.
     new_server = issue_certificate(new_ca, "rotated-ca-server", kind="server", hosts=DEV_HOSTS)
-    new_upstream_client = issue_certificate(new_ca, "rotated-ca-gateway", kind="client",
-                                            hosts=["rotated-ca-gateway"])
+    new_upstream_client = issue_certificate(new_ca, GATEWAY_IDENTITY, kind="client",
+                                            hosts=[GATEWAY_IDENTITY])
     opened_before_the_retirement = upstream_connections(gateway, server)
     with stream_across(gateway, old_client, new_client):
         for credential, cert_file, key_file in (
                 (new_server, pki.server_cert, pki.server_key),
-                (new_upstream_client, pki.client_cert, pki.client_key)):
+                (new_upstream_client, pki.gateway_cert, pki.gateway_key)):
             replace_file(key_file, credential.private_key_pem())
             replace_file(cert_file, credential.certificate_pem())
         replace_file(pki.ca_cert, new_ca_pem)

@@ -128,6 +128,21 @@ def test_too_many_requests_in_flight_is_overloaded() -> None:
     run_with_engine(scenario, make_core(runner), max_unfinished=2)
 
 
+def test_a_probe_in_flight_does_not_count_against_the_in_flight_limit() -> None:
+    runner = FakeRunner(gate=threading.Event())
+
+    async def scenario(engine: AsyncEngine) -> None:
+        probe = dataclasses.replace(make_request("probe", "p", max_new_tokens=2), probe=True)
+        tasks = [asyncio.create_task(collect(engine.generate(probe))),
+                 *await start_blocked(engine, runner, ["a"])]
+        tasks.append(asyncio.create_task(collect(engine.generate(make_request("b", "b")))))
+        runner.gate.set()
+        for task in tasks:
+            assert (await task)[-1].finish_reason is FinishReason.LENGTH
+
+    run_with_engine(scenario, make_core(runner), max_unfinished=2)
+
+
 def test_a_probe_is_not_refused_when_too_many_requests_are_in_flight() -> None:
     runner = FakeRunner(gate=threading.Event())
 

@@ -113,9 +113,19 @@ def test_gateway_config_needs_each_plane_once(server_files: TLSFiles) -> None:
     for bad in [(business, management), (business, management, business)]:
         with pytest.raises(ValueError, match="exactly one business, management and metrics"):
             GatewayConfig(bad, UpstreamConfig())
-    for limit in ("max_body_bytes", "max_connections", "client_timeout_s", "max_header_bytes"):
+    for limit in ("max_body_bytes", "max_connections", "client_timeout_s", "max_header_bytes",
+                  "max_client_connections"):
         with pytest.raises(ValueError, match=limit):
             GatewayConfig(planes(server_files), UpstreamConfig(), **{limit: 0})
+
+
+def test_one_client_address_holds_as_many_connections_as_max_links_unless_told(
+        server_files: TLSFiles) -> None:
+    config = GatewayConfig(planes(server_files), UpstreamConfig(), max_connections=40)
+    assert config.connections_per_client == 40
+    config = GatewayConfig(planes(server_files), UpstreamConfig(), max_connections=40,
+                           max_client_connections=120)
+    assert config.connections_per_client == 120
 
 
 def test_planes_may_share_a_port_only_with_the_same_tls(server_files: TLSFiles,

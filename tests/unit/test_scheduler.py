@@ -276,6 +276,18 @@ def test_running_requests_never_exceed_max_running() -> None:
     assert all(text(outputs[name]) == "abcd" for name in "abcde")
 
 
+def test_a_running_probe_takes_no_slot_from_the_requests_waiting() -> None:
+    runner = RecordingRunner()
+    core = make_core(runner, max_running=2)
+    core.add(make_request("a", "a", max_new_tokens=6))
+    core.add(dataclasses.replace(make_request("probe", "p", max_new_tokens=4), probe=True))
+    outputs: Outputs = defaultdict(list)
+    step(core, outputs)
+    core.add(make_request("b", "b", max_new_tokens=6))
+    step(core, outputs)
+    assert sorted(chunk.request_id for chunk in runner.steps[-1]) == ["a", "b", "probe"]
+
+
 def test_a_probe_runs_at_once_past_max_running_and_ahead_of_waiting_requests() -> None:
     """MindIE's /health/timed must not report a busy server broken."""
     runner = RecordingRunner()

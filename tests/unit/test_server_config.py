@@ -16,10 +16,12 @@ from switchboard.engine.config import EngineConfig, EngineLimits
 from switchboard.engine.errors import (EngineDead, EngineError, GenerationFailed, InvalidRequest, NotFound,
                            Overloaded, PromptTooLong, RequestTimedOut)
 from switchboard.gateway.config import GatewayConfig, Plane, TLSMode
-from switchboard.cli import KEY_PASSWORD_ENV, _configs, _describe, _parser, gateway_config
+from switchboard.cli import (KEY_PASSWORD_ENV, _configs, _describe, _flags_given, _parser,
+                             gateway_config)
 from switchboard.server.config import (ConfigError, ServerConfig, crl_file_from_settings, read_config_file,
                            tls_files_from_settings)
 from switchboard.server.errors import status_for
+from switchboard.tls.pki import GATEWAY_IDENTITY
 from switchboard.tls import (CertificateAuthority, DevPKIPaths, TLSConfigError, TLSFiles, create_crl,
                  write_dev_pki)
 
@@ -324,7 +326,7 @@ def test_the_gateway_defaults_to_mindies_ports_with_mutual_tls_on_every_plane(
         (Plane.METRICS, "127.0.0.1", 1027, TLSMode.MUTUAL)]
     assert config.plane(Plane.BUSINESS).tls.cert_file == pki.server_cert
     assert config.upstream.target == "127.0.0.1:8001"
-    assert config.upstream.tls.cert_file == pki.client_cert
+    assert config.upstream.tls.cert_file == pki.gateway_cert
 
 
 def test_gateway_ports_come_from_mindie_keys_then_flags(pki: DevPKIPaths, tmp_path: Path) -> None:
@@ -359,7 +361,8 @@ def test_the_crl_comes_from_mindies_keys_or_the_flag(tmp_path: Path, pki: DevPKI
     flagged = tmp_path / "flagged.crl.pem"
     flagged.write_bytes(create_crl(ca, [6]))
     tls = configs("--config", str(path), "--tls-crl", str(flagged))[1].tls
-    assert tls.crl_file == flagged and tls.load().revoked_serial_numbers == {6}
+    assert tls.crl_file == flagged
+    assert tls.load().revocations.revoked == {(ca.certificate.subject, 6)}
 
 
 @pytest.mark.parametrize(("files", "expected"), [([], None), (["a.pem"], Path("crl/a.pem"))])
@@ -395,7 +398,7 @@ def test_a_gateway_without_its_client_certificate_says_where_it_looked(
         gateway_settings("--config", str(path))
     assert str(caught.value).startswith(
         "the gateway's client certificate for its calls to the server is the TLS folder's "
-        "client.pem and client.key.pem (--tls-dir, default tls/dev; a config file's TLS keys "
+        "gateway.pem and gateway.key.pem (--tls-dir, default tls/dev; a config file's TLS keys "
         "are the server's certificate): ")
 
 
@@ -431,3 +434,36 @@ def test_the_log_level_may_come_before_or_after_the_command() -> None:
     assert _parser().parse_args(["run", "--log-level", "debug"]).log_level == "debug"
     assert _parser().parse_args(["--log-level", "warning", "server"]).log_level == "warning"
     assert _parser().parse_args(["gateway"]).log_level == "info"
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.0.2.7", "example.com"])
+def test_plaintext_grpc_off_loopback_is_refused_without_its_explicit_flag(host: str) -> None:
+    with pytest.raises(ValueError, match=rf"plaintext gRPC \(--insecure\) is allowed on a "
+                                         rf"loopback address only unless "
+                                         rf"--allow-insecure-non-loopback is given; got '{host}'"):
+        configs("--insecure", "--grpc-host", host)
+    server_config = configs("--insecure", "--grpc-host", host,
+                            "--allow-insecure-non-loopback")[1]
+    assert server_config.is_insecure and server_config.grpc_host == host
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "::1", "localhost"])
+def test_plaintext_grpc_on_loopback_needs_no_flag(host: str) -> None:
+    assert configs("--insecure", "--grpc-host", host)[1].is_insecure
+
+
+def test_run_checks_the_plaintext_rule_before_loading_the_model(caplog) -> None:
+    args = _parser().parse_args(["run", "--insecure", "--grpc-host", "0.0.0.0"])
+    assert args.command(args) == 2
+    assert "plaintext gRPC (--insecure) is allowed on a loopback address only" in caplog.text
+
+
+def test_management_identities_are_the_gateways_unless_named(pki: DevPKIPaths) -> None:
+    assert configs("--insecure")[1].management_identities == (GATEWAY_IDENTITY,)
+    named = configs("--insecure", "--management-identity", "ops",
+                    "--management-identity", "ci")[1]
+    assert named.management_identities == ("ops", "ci")
+    args = _parser().parse_args(["run", "--management-identity", "ops",
+                                 "--management-identity", "ci"])
+    assert _flags_given(args, args.server_options) == ["--management-identity=ops",
+                                                       "--management-identity=ci"]

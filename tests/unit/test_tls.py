@@ -30,8 +30,10 @@ from switchboard.tls import (
     write_dev_pki,
 )
 from switchboard.tls.__main__ import main as cli_main
+from switchboard.tls.revocation import revocations
 
-MINDIE_NAMES = {"ca.pem", "ca.key.pem", "server.pem", "server.key.pem", "client.pem", "client.key.pem"}
+MINDIE_NAMES = {"ca.pem", "ca.key.pem", "server.pem", "server.key.pem", "client.pem", "client.key.pem",
+                "gateway.pem", "gateway.key.pem"}
 
 
 @pytest.fixture(scope="module")
@@ -251,6 +253,34 @@ def test_crl_lists_revoked_serials_and_is_signed_by_the_ca() -> None:
     assert crl.get_revoked_certificate_by_serial_number(kept.serial_number) is None
 
 
+def chain_refusal(crls: list[bytes], authorities: list[CertificateAuthority],
+                  *presented: Credential) -> str | None:
+    """Why Revocations built from `crls` refuses a peer presenting `presented`, or None."""
+    loaded = [x509.load_pem_x509_crl(crl) for crl in crls]
+    checks = revocations(loaded, [ca.certificate for ca in authorities])
+    return checks.refusal(b"".join(credential.certificate_pem() for credential in presented))
+
+
+def test_revocation_covers_every_certificate_of_the_chain_as_openssl_crl_check_all() -> None:
+    root = create_ca("root CA")
+    intermediate = create_ca("intermediate CA", issuer=root)
+    leaf = issue_certificate(intermediate, "leaf", kind="client", hosts=["leaf"])
+    direct = issue_certificate(root, "direct", kind="client", hosts=["direct"])
+    cas = [root, intermediate]
+    assert chain_refusal([create_crl(root, []), create_crl(intermediate, [])], cas, leaf) is None
+    assert chain_refusal([create_crl(root, [intermediate.serial_number]),
+                          create_crl(intermediate, [])], cas, leaf, intermediate) == \
+        "the certificate of CN=intermediate CA has been revoked"
+    assert chain_refusal([create_crl(root, []), create_crl(intermediate, [leaf.serial_number])],
+                         cas, leaf) == "the certificate of CN=leaf has been revoked"
+    # A serial number revoked by another issuer's CRL is not this certificate's.
+    assert chain_refusal([create_crl(root, [leaf.serial_number]), create_crl(intermediate, [])],
+                         cas, leaf) is None
+    assert chain_refusal([create_crl(root, [])], cas, leaf) == \
+        "no CRL of CN=intermediate CA is loaded"
+    assert chain_refusal([create_crl(root, [])], cas, direct) is None
+
+
 # --- loading ---------------------------------------------------------------------------
 
 
@@ -318,7 +348,8 @@ def test_a_crl_of_the_ca_gives_its_revoked_serial_numbers(dev_pki: DevPKIPaths,
     crl = tmp_path / "ca.crl.pem"
     crl.write_bytes(create_crl(ca, [7, 11]))
     files = TLSFiles(dev_pki.ca_cert, dev_pki.server_cert, dev_pki.server_key, crl_file=crl)
-    assert files.load().revoked_serial_numbers == {7, 11}
+    issuer = ca.certificate.subject
+    assert files.load().revocations.revoked == {(issuer, 7), (issuer, 11)}
 
 
 def test_a_crl_of_another_ca_or_not_a_crl_is_refused(dev_pki: DevPKIPaths,
