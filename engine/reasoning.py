@@ -10,16 +10,16 @@ writes an empty think block into the prompt, and the output is all answer).
 
 from __future__ import annotations
 
-from switchboard.engine.tool_parsers import ParsedText, held_prefix_length
+from switchboard.engine.tool_parsers import ParsedText, StreamParser, held_prefix_length
 
 THINK_START = "<think>"
 THINK_END = "</think>"
 
 
-class ReasoningParser:
+class ReasoningParser(StreamParser):
     def __init__(self, *, reasons_without_start: bool) -> None:
+        super().__init__()
         self._reasons_without_start = reasons_without_start
-        self._buffer = ""
         self._state = "start"  # then "reasoning", then "answer"
         self._answer_started = True  # False from </think> to the answer's first text
 
@@ -27,13 +27,6 @@ class ReasoningParser:
     def is_reasoning(self) -> bool:
         """Whether the text fed so far ends inside the reasoning (or may: nothing yet)."""
         return self._state != "answer"
-
-    def feed(self, text: str) -> ParsedText:
-        self._buffer += text
-        return self._scan(final=False)
-
-    def finish(self) -> ParsedText:
-        return self._scan(final=True)
 
     def _scan(self, *, final: bool) -> ParsedText:
         parsed = ParsedText()

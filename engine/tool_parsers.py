@@ -113,21 +113,12 @@ def one_call_or_list(value: object) -> list[CallValue] | None:
     return call_list(value) if isinstance(value, list) else one_call(value)
 
 
-class JsonCallParser:
-    """Calls written as JSON after an opening marker (a marker that is "{" or "[" opens the
-    JSON itself), optionally followed by a closing one. at_start: calls only where the output
-    begins with one, or right after another (separated by whitespace or ";"), as Llama 3's
-    and constrained outputs; elsewhere a marker anywhere in the text opens a call."""
+class StreamParser:
+    """A parser of an output fed in deltas, holding back in `_buffer` what it cannot tell
+    yet; `finish` at the output's end tells the rest."""
 
-    def __init__(self, openings: Sequence[str], calls_of: Callable[[object], list[CallValue] | None],
-                 *, closing: str = "", at_start: bool = False) -> None:
-        self._openings = tuple(openings)
-        self._calls_of = calls_of
-        self._closing = closing
-        self._at_start = at_start
+    def __init__(self) -> None:
         self._buffer = ""
-        self._num_calls = 0
-        self._is_text = False  # at_start, and the output turned out to be text
 
     def feed(self, text: str) -> ParsedText:
         self._buffer += text
@@ -135,6 +126,26 @@ class JsonCallParser:
 
     def finish(self) -> ParsedText:
         return self._scan(final=True)
+
+    def _scan(self, *, final: bool) -> ParsedText:
+        raise NotImplementedError
+
+
+class JsonCallParser(StreamParser):
+    """Calls written as JSON after an opening marker (a marker that is "{" or "[" opens the
+    JSON itself), optionally followed by a closing one. at_start: calls only where the output
+    begins with one, or right after another (separated by whitespace or ";"), as Llama 3's
+    and constrained outputs; elsewhere a marker anywhere in the text opens a call."""
+
+    def __init__(self, openings: Sequence[str], calls_of: Callable[[object], list[CallValue] | None],
+                 *, closing: str = "", at_start: bool = False) -> None:
+        super().__init__()
+        self._openings = tuple(openings)
+        self._calls_of = calls_of
+        self._closing = closing
+        self._at_start = at_start
+        self._num_calls = 0
+        self._is_text = False  # at_start, and the output turned out to be text
 
     def _scan(self, *, final: bool) -> ParsedText:
         parsed = ParsedText()
@@ -228,23 +239,21 @@ class JsonCallParser:
         return deltas
 
 
-class NamedToolCall:
+class NamedToolCall(StreamParser):
     """An output constrained to one named tool's arguments: one call, streamed as written."""
 
     def __init__(self, name: str) -> None:
+        super().__init__()
         self._name = name
         self._started = False
 
-    def feed(self, text: str) -> ParsedText:
+    def _scan(self, *, final: bool) -> ParsedText:
+        text, self._buffer = self._buffer, ""
         if not text:
             return ParsedText()
-        first = not self._started
-        self._started = True
+        first, self._started = not self._started, True
         return ParsedText(tool_calls=(ToolCallDelta(0, text, new_call_id(), self._name) if first
                                       else ToolCallDelta(0, text),))
-
-    def finish(self) -> ParsedText:
-        return ParsedText()
 
 
 def hermes() -> JsonCallParser:
@@ -273,6 +282,6 @@ TOOL_CALL_PARSERS: dict[str, Callable[[], JsonCallParser]] = {
     "hermes": hermes, "llama3_json": llama3_json, "mistral": mistral}
 
 
-def parse_whole(parser: JsonCallParser | NamedToolCall, text: str) -> ParsedText:
+def parse_whole(parser: StreamParser, text: str) -> ParsedText:
     """A whole output at once, as the same parser reads a stream."""
     return parser.feed(text) + parser.finish()
