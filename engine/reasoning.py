@@ -25,8 +25,8 @@ class ReasoningParser(StreamParser):
 
     @property
     def is_reasoning(self) -> bool:
-        """Whether the text fed so far ends inside the reasoning (or may: nothing yet)."""
-        return self._state != "answer"
+        """Whether the text fed so far ends inside the reasoning."""
+        return self._state == "reasoning"
 
     def _scan(self, *, final: bool) -> ParsedText:
         parsed = ParsedText()
