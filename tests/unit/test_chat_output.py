@@ -13,6 +13,7 @@ from outlines_core.json_schema import build_regex_from_schema
 from switchboard.engine.chat import Tool
 from switchboard.engine.chat_output import (AUTO_TOOL_CHOICE_REFUSAL, OutputParsers,
                                             ToolChoice, plan_chat_output, tool_from_json)
+from switchboard.engine.config import EngineConfig
 from switchboard.engine.errors import InvalidRequest
 
 WEATHER = Tool("get_weather", "", {"type": "object", "properties": {"city": {"type": "string"}},
@@ -87,3 +88,13 @@ def test_a_tool_without_a_name_or_an_object_schema_is_refused(name: str, paramet
     with pytest.raises(InvalidRequest) as refused:
         tool_from_json(2, name, "", parameters)
     assert refused.value.field == field
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"tool_call_parser": "xml"}, "tool_call_parser must be one of hermes, llama3_json, mistral"),
+    ({"reasoning_parser": "o1"}, "reasoning_parser must be one of deepseek_r1, qwen3"),
+    ({"enable_auto_tool_choice": True}, "enable_auto_tool_choice needs a tool_call_parser"),
+])
+def test_the_operators_parsers_are_checked_at_start(settings: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        EngineConfig(**settings)
