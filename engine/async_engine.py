@@ -20,6 +20,7 @@ import torch
 
 from switchboard.engine.block_manager import BlockManager
 from switchboard.engine.chat import ChatPrompt, render_chat
+from switchboard.engine.chat_output import OutputParsers
 from switchboard.engine.config import EngineConfig, EngineLimits
 from switchboard.engine.core import EngineCore, EngineStats
 from switchboard.engine.errors import EngineDead, InvalidRequest, Overloaded
@@ -52,6 +53,7 @@ class ModelInfo:
     max_batch_size: int
     max_waiting_requests: int
     quantization: str = "none"
+    output_parsers: OutputParsers = OutputParsers()
 
 
 class AsyncEngine:
@@ -145,7 +147,11 @@ class AsyncEngine:
                          kv_cache_bytes=num_blocks * block_bytes,
                          max_batch_size=config.max_batch_size,
                          max_waiting_requests=config.max_queue_len,
-                         quantization=loaded.quantization.scheme)
+                         quantization=loaded.quantization.scheme,
+                         output_parsers=OutputParsers(
+                             tool_call_parser=config.tool_call_parser,
+                             enable_auto_tool_choice=config.enable_auto_tool_choice,
+                             reasoning_parser=config.reasoning_parser))
         return cls(core, loaded.tokenizer, limits, info,
                    max_unfinished=config.max_batch_size + config.max_queue_len,
                    num_threads=config.num_threads, warm_up=runner.warm_up)

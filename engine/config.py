@@ -7,6 +7,9 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from switchboard.engine.reasoning import REASONING_PARSERS
+from switchboard.engine.tool_parsers import TOOL_CALL_PARSERS
+
 logger = logging.getLogger(__name__)
 
 DEVICES = ("auto", "cpu", "cuda", "npu")
@@ -43,6 +46,10 @@ class EngineConfig:
     (every core). Measured here with the load generator on the same 2 cores, 2 threads gave
     1.5x the batched throughput of 1; but a team as wide as the machine stalls at every op
     while another busy process holds a core, so lower it where other work shares the CPUs.
+    chat_template (vLLM's --chat-template): a Jinja file replacing the model's chat template.
+    tool_call_parser, enable_auto_tool_choice, reasoning_parser: vLLM's flags of those names
+    (see `chat_output.py`): how the model writes tool calls and thinking, and whether a
+    request may leave the choice of calling a tool to the model.
     """
 
     model: Path | None = None
@@ -65,6 +72,10 @@ class EngineConfig:
     enforce_eager: bool = False
     num_speculative_tokens: int = 0
     speculative_max_batch: int = 4
+    chat_template: Path | None = None
+    tool_call_parser: str | None = None
+    enable_auto_tool_choice: bool = False
+    reasoning_parser: str | None = None
 
     def step_token_budget(self, device_type: str) -> int:
         """Prompt tokens per step. On a CPU a step's time grows with its tokens, so the chunk
@@ -95,6 +106,13 @@ class EngineConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be a non-negative integer; got {value!r}")
+        for name, known in (("tool_call_parser", tuple(TOOL_CALL_PARSERS)),
+                            ("reasoning_parser", tuple(REASONING_PARSERS))):
+            value = getattr(self, name)
+            if value is not None and value not in known:
+                raise ValueError(f"{name} must be one of {', '.join(known)}; got {value!r}")
+        if self.enable_auto_tool_choice and self.tool_call_parser is None:
+            raise ValueError("enable_auto_tool_choice needs a tool_call_parser")
         if self.max_iter_times > self.max_seq_len:
             raise ValueError(f"max_iter_times ({self.max_iter_times}) must not exceed "
                              f"max_seq_len ({self.max_seq_len})")

@@ -103,6 +103,12 @@ def load_model(config: EngineConfig) -> LoadedModel:
     except (OSError, ValueError) as error:  # what transformers raises for a folder it cannot use
         raise ModelLoadError(f"{source} cannot be loaded as a model: {error}") from error
     model = model.to(device).eval()
+    if config.chat_template is not None:
+        try:
+            tokenizer.chat_template = config.chat_template.read_text()
+        except OSError as error:
+            raise ModelLoadError(f"chat template {config.chat_template} cannot be read: "
+                                 f"{error.strerror}") from error
     return LoadedModel(
         model=model,
         tokenizer=tokenizer,

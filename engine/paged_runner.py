@@ -1,6 +1,6 @@
 """Runs one engine step for the whole batch over the paged KV cache.
 
-The Llama family (Llama, Mistral, Qwen2; SmolLM2 is Llama) is computed here from the
+The Llama family (Llama, Mistral, Qwen2, Qwen3; SmolLM2 is Llama) is computed here from the
 transformers model's own modules and weights, with the Q/K/V and gate/up projections fused
 into one matmul each. All scheduled tokens of all requests travel as one flat sequence;
 attention is one call per layer for the whole batch (see `attention.py`).
@@ -50,7 +50,8 @@ from switchboard.engine.quantization import (DenseCopy, QuantizationPlan, Quanti
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
+                           "Qwen3ForCausalLM")
 # Load-time measurements time products over this many bytes of weights (SmolLM2's 30 layers:
 # 106 MB of float32 up projections; timed on one 3.5 MB weight hot in cache, a choice of
 # form came out wrong).
@@ -179,6 +180,8 @@ class _Layer:
     down: Projection | PackedProjection | QuantizedProjection
     act: nn.Module
     windowed: bool  # attends within the model's sliding window
+    # Qwen3's RMSNorms of each query and key head before the rotation (None: the others').
+    qk_norms: tuple[RMSNorm, RMSNorm] | None = None
 
 
 def kv_bytes_per_token(model: PreTrainedModel, dtype: torch.dtype) -> int:
@@ -315,6 +318,8 @@ class PagedRunner:
             post_norm=RMSNorm(layer.post_attention_layernorm),
             act=mlp.act_fn,
             windowed=windowed,
+            qk_norms=((RMSNorm(attention.q_norm), RMSNorm(attention.k_norm))
+                      if hasattr(attention, "q_norm") else None),
             **{role: self._project(index, linears) for role, linears in roles.items()},
         )
         few_rows = fused if self._packing is None else replace(fused, **{
@@ -505,8 +510,14 @@ class PagedRunner:
             layers = self._few_row_layers
         last = len(layers) - 1
         for index, layer in enumerate(layers):
-            qkv = layer.qkv(layer.input_norm(hidden)).to(attention_dtype)
+            qkv = layer.qkv(layer.input_norm(hidden))
             qkv = qkv.view(-1, num_qk_heads + self._num_kv_heads, self._head_dim)
+            if layer.qk_norms is not None:
+                q_norm, k_norm = layer.qk_norms
+                qkv = torch.cat((q_norm(qkv[:, :self._num_heads]),
+                                 k_norm(qkv[:, self._num_heads:num_qk_heads]),
+                                 qkv[:, num_qk_heads:]), dim=1)
+            qkv = qkv.to(attention_dtype)
             qk = _rotate(qkv[:, :num_qk_heads], cos, signed_sin)
             q, k = qk.split((self._num_heads, self._num_kv_heads), dim=1)
             v = qkv[:, num_qk_heads:]

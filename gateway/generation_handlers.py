@@ -14,7 +14,8 @@ import grpc
 
 from switchboard.gateway.errors import RequestError
 from switchboard.gateway.handler import METADATA_TIMEOUT_S, Handler
-from switchboard.gateway.protocols import mindie, openai, openai_responses, sagemaker, tgi, vllm
+from switchboard.gateway.protocols import (mindie, openai, openai_responses, openai_tools,
+                                           sagemaker, tgi, vllm)
 from switchboard.gateway.protocols.generation import Generation
 from switchboard.gateway.protocols.kserve import parse_json
 from switchboard.gateway.sse import DONE_EVENT, sse_event
@@ -283,11 +284,13 @@ class CompletionsHandler(OpenAIHandler):
             # Where the chunk's first token's text starts in the choice's text.
             offset = sent_chars[index] + (0 if prompt else len(prefix))
             sent_chars[index] += len(prefix) + len(text)
+            sequence = generations[call_index].sequences[response.index]
             chunks.append(sse_event(openai.chunk(
                 options, index, delta_text=prefix + text, tokens=tokens, prompt=prompt,
                 text_offset=offset, usage=usage,
                 finish_reason="length" if options.echo_only and response.finish_reason
-                else response.finish_reason)))
+                else openai_tools.finish_reason(sequence, response.finish_reason),
+                delta_fields=openai_tools.delta_fields(response))))
             return chunks
 
         def end() -> bytes:

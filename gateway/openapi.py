@@ -224,9 +224,21 @@ OPENAI_COMMON: dict[str, JSON] = {
     "cache_salt": NULL, "vllm_xargs": NULL, "bad_words": array(STRING, maxItems=0),
 }
 TEXT_PART = obj({"type": only("text", STRING), "text": STRING}, ["type", "text"])
+TOOL_CALL = obj({"id": STRING, "type": only("function", STRING),
+                 "function": obj({"name": STRING, "arguments": STRING}, ["name", "arguments"])},
+                ["id", "function"])
 MESSAGE = obj({"role": {"type": "string",
                         "enum": ["system", "developer", "user", "assistant", "tool"]},
-               "content": nullable({"oneOf": [STRING, array(TEXT_PART)]})}, ["role"])
+               "content": nullable({"oneOf": [STRING, array(TEXT_PART)]}),
+               # An assistant's calls; a tool message's answer to one of them.
+               "tool_calls": array(TOOL_CALL), "tool_call_id": STRING}, ["role"])
+TOOL = obj({"type": only("function", STRING), "function": obj({
+    "name": TEXT, "description": STRING, "parameters": {"type": "object"},
+    "strict": nullable(BOOLEAN)}, ["name"])}, ["type", "function"])
+TOOL_CHOICE = {"oneOf": [{"type": "string", "enum": ["none", "auto", "required"]},
+                         obj({"type": only("function", STRING),
+                              "function": obj({"name": TEXT}, ["name"])},
+                             ["type", "function"])]}
 # vLLM's options of the chat template's rendering: more template variables; where it ends
 # (continue_final_message needs add_generation_prompt false and an assistant's last message).
 CHAT_TEMPLATE_OPTIONS: dict[str, JSON] = {
@@ -286,8 +298,9 @@ REQUESTS: dict[str, JSON] = {
         **optional(OPENAI_COMMON), "messages": array(MESSAGE, minItems=1),
         **optional({"max_completion_tokens": MAX_NEW_TOKENS, "logprobs": BOOLEAN,
                     "top_logprobs": TOP_LOGPROBS,
-                    # Tools are ignored with tool_choice "none", and refused without it.
-                    "tools": array({"type": "object"}), "tool_choice": only("none", STRING),
+                    # "auto" (the default with tools) needs the server's
+                    # --enable-auto-tool-choice and --tool-call-parser.
+                    "tools": array(TOOL), "tool_choice": TOOL_CHOICE,
                     **CHAT_TEMPLATE_OPTIONS}),
     }, ["messages"], closed=True),
     "ResponsesRequest": obj({
@@ -365,7 +378,9 @@ OPENAI_HEADER: dict[str, JSON] = {"id": STRING, "object": STRING, "created": int
 OPENAI_CHOICE: dict[str, JSON] = {"index": integer(0), "logprobs": nullable({"type": "object"}),
                                   "finish_reason": STRING}
 USAGE = obj({**counts("prompt_tokens", "completion_tokens", "total_tokens"),
-             "prompt_tokens_details": obj(counts("cached_tokens"))},
+             "prompt_tokens_details": obj(counts("cached_tokens")),
+             # With the server's --reasoning-parser, where the answer reasoned.
+             "completion_tokens_details": obj(counts("reasoning_tokens"))},
             ["prompt_tokens", "completion_tokens", "total_tokens"])
 TENSOR_METADATA = obj({"name": STRING, "datatype": STRING, "shape": array(integer())},
                       ["name", "datatype", "shape"])
@@ -437,8 +452,10 @@ REPLIES: dict[str, JSON] = {
     "ChatCompletion": obj({
         **OPENAI_HEADER, "object": only("chat.completion", STRING), "usage": USAGE,
         "choices": array(obj({**OPENAI_CHOICE, "message": obj(
-            {"role": only("assistant", STRING), "content": STRING, "refusal": NULL},
-            ["role", "content", "refusal"])},
+            {"role": only("assistant", STRING),
+             # Null where the answer is only tool calls (finish_reason "tool_calls").
+             "content": nullable(STRING), "refusal": NULL, "tool_calls": array(TOOL_CALL),
+             "reasoning_content": STRING}, ["role", "content", "refusal"])},
             ["index", "message", "finish_reason"])),
     }, ["id", "object", "created", "model", "system_fingerprint", "choices", "usage"]),
     "TextCompletion": obj({

@@ -10,12 +10,15 @@ from collections.abc import AsyncIterator, Sequence
 
 import grpc
 
-from switchboard.engine.chat import ChatMessage, ChatPrompt
+from switchboard.engine.chat import ChatMessage, ChatPrompt, ToolCall
+from switchboard.engine.chat_output import (ChatOutputParser, ChatOutputPlan, ToolChoice,
+                                            plan_chat_output, tool_from_json)
 from switchboard.engine.errors import EngineError, InvalidRequest
 from switchboard.engine.params import GenerationRequest
 from switchboard.engine.protocol import EngineClient
 from switchboard.engine.request import RequestOutput, TokenLogprob
-from switchboard.engine.validation import INT_RANGES, MINDIE_SEED_RANGE, build_request, check_vocabulary
+from switchboard.engine.validation import (INT_RANGES, MINDIE_SEED_RANGE, PATTERN_PARAMS,
+                                           build_request, check_vocabulary)
 from switchboard.proto import switchboard_pb2 as sb
 from switchboard.proto import switchboard_pb2_grpc as sb_grpc
 from switchboard.server import codec
@@ -25,6 +28,9 @@ from switchboard.server.served_model import ServedModel
 from switchboard.server.servicer import engine_errors
 
 logger = logging.getLogger(__name__)
+
+TOOL_CHOICE_MODES = {sb.TOOL_CHOICE_NONE: "none", sb.TOOL_CHOICE_AUTO: "auto",
+                     sb.TOOL_CHOICE_REQUIRED: "required", sb.TOOL_CHOICE_NAMED: "named"}
 
 
 class GenerationServicer(sb_grpc.GenerationServicer):
@@ -36,16 +42,22 @@ class GenerationServicer(sb_grpc.GenerationServicer):
         try:
             engine = self.served.named_engine(request.model_name)
             codec.check_client_id(request.id)
-            spec = build_request(uuid.uuid4().hex, _prompt_token_ids(engine, request),
-                                 codec.parameter_values(request.parameters), engine.limits,
+            values = codec.parameter_values(request.parameters)
+            prompt_token_ids, plan = _prompt(engine, request, values)
+            spec = build_request(uuid.uuid4().hex, prompt_token_ids, values, engine.limits,
                                  seed_range=MINDIE_SEED_RANGE if request.mindie_ranges
                                  else INT_RANGES["seed"])
             logger.info("request %s (client id %r): %d prompt tokens, generation", spec.request_id,
                         request.id, len(spec.prompt_token_ids))
             tokens = TokenDescriber(engine)
+            outputs: dict[int, ChatOutputParser] = {}
             async with contextlib.aclosing(self.served.generate(spec, request.id)) as events:
                 async for event in events:
-                    yield generate_response(event, spec, tokens)
+                    response = generate_response(event, spec, tokens)
+                    if plan.make_parser is not None:
+                        parse_output(response, outputs.setdefault(event.index,
+                                                                  plan.make_parser()))
+                    yield response
         except EngineError as error:
             await context.abort(*refusal(error))
 
@@ -85,21 +97,67 @@ def chat_prompt(messages: sb.ChatMessages) -> ChatPrompt:
             raise InvalidRequest("chat_template_kwargs", "must be an object of template "
                                  f"variables; got {type(variables).__name__}")
     return ChatPrompt(
-        messages=[ChatMessage(role=m.role, content=m.content) for m in messages.messages],
+        messages=[ChatMessage(role=m.role, content=m.content, tool_call_id=m.tool_call_id,
+                              tool_calls=tuple(ToolCall(call.id, call.name, call.arguments)
+                                               for call in m.tool_calls))
+                  for m in messages.messages],
+        tools=tuple(tool_from_json(index, tool.name, tool.description, tool.parameters_json)
+                    for index, tool in enumerate(messages.tools)),
         template_variables=variables,
         add_generation_prompt=(messages.add_generation_prompt
                                if messages.HasField("add_generation_prompt") else True),
         continue_final_message=messages.continue_final_message)
 
 
-def _prompt_token_ids(engine: EngineClient, request: sb.GenerateRequest) -> list[int]:
+def tool_choice(messages: sb.ChatMessages) -> ToolChoice:
+    return ToolChoice(mode=TOOL_CHOICE_MODES.get(messages.tool_choice, ""),
+                      name=messages.tool_choice_name,
+                      parallel=(messages.parallel_tool_calls
+                                if messages.HasField("parallel_tool_calls") else True))
+
+
+def constrain_to_tool_calls(values: dict[str, object], plan: ChatOutputPlan) -> None:
+    """A required or named tool choice's schema as the request's output pattern."""
+    if plan.schema is None:
+        return
+    given = [name for name in PATTERN_PARAMS if values.get(name) is not None]
+    if given:
+        raise InvalidRequest("tool_choice", f"cannot be combined with {given[0]}: a required "
+                             "or named tool choice sets the output's format")
+    values["guided_json"] = plan.schema
+
+
+def parse_output(response: sb.GenerateResponse, parser: ChatOutputParser) -> None:
+    """The response's text read as content, reasoning and tool calls."""
+    was_reasoning = parser.is_reasoning
+    parsed = parser.feed(response.text)
+    if response.finish_reason:
+        parsed += parser.finish()
+    response.text = parsed.content
+    response.reasoning_text = parsed.reasoning
+    response.tool_calls.extend(sb.ToolCallDelta(index=call.index, id=call.id, name=call.name,
+                                                arguments=call.arguments)
+                               for call in parsed.tool_calls)
+    if was_reasoning or parser.is_reasoning:
+        response.reasoning_tokens = len(response.tokens)
+
+
+def _prompt(engine: EngineClient, request: sb.GenerateRequest, values: dict[str, object]
+            ) -> tuple[list[int], ChatOutputPlan]:
+    """The prompt's token ids, and how the answer is read: for chat messages as their tool
+    choice and the server's parsers say (a required or named choice sets values' output
+    pattern), else as content."""
     kind = request.WhichOneof("prompt")
-    if kind == "text":
-        return engine.encode(request.text)
-    if kind == "token_ids":
-        return list(request.token_ids.ids)
     if kind == "messages":
-        return engine.encode_chat(chat_prompt(request.messages))
+        prompt = chat_prompt(request.messages)
+        plan = plan_chat_output(prompt.tools, tool_choice(request.messages),
+                                engine.info.output_parsers)
+        constrain_to_tool_calls(values, plan)
+        return engine.encode_chat(prompt), plan
+    if kind == "text":
+        return engine.encode(request.text), ChatOutputPlan()
+    if kind == "token_ids":
+        return list(request.token_ids.ids), ChatOutputPlan()
     raise InvalidRequest("prompt", "is missing: send text, token_ids or messages")
 
 

@@ -18,6 +18,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from switchboard.engine.config import DEVICES, DTYPES, QUANTIZATIONS, EngineConfig
+from switchboard.engine.reasoning import REASONING_PARSERS
+from switchboard.engine.tool_parsers import TOOL_CALL_PARSERS
 from switchboard.gateway.config import (DEFAULT_BUSINESS_PORT, DEFAULT_CLIENT_TIMEOUT_S, DEFAULT_HTTP_HOST,
                             DEFAULT_MANAGEMENT_PORT, DEFAULT_MAX_BODY_BYTES,
                             DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_HEADER_BYTES,
@@ -43,7 +45,8 @@ ENGINE_SETTINGS = tuple(field.name for field in dataclasses.fields(EngineConfig)
 SERVER_FLAGS = frozenset({"model", "model_name", "device", "dtype", "quantization", "grpc_host",
                           "grpc_port", "cache_dir", "tls_crl", "enforce_eager",
                           "num_speculative_tokens", "allow_insecure_non_loopback",
-                          "management_identities"})
+                          "management_identities", "chat_template", "tool_call_parser",
+                          "enable_auto_tool_choice", "reasoning_parser"})
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -135,6 +138,16 @@ def _add_server_arguments(parser: argparse.ArgumentParser) -> dict[str, str]:
     add("--speculate", type=int, dest="num_speculative_tokens", metavar="N",
         help="n-gram speculation: guess up to N next tokens of each decoding request from its "
              "own text, verified in the same step; default: 0 (off)")
+    add("--chat-template", type=Path, metavar="FILE",
+        help="a Jinja chat template replacing the model's (vLLM's flag)")
+    add("--tool-call-parser", choices=list(TOOL_CALL_PARSERS),
+        help="how the model writes tool calls, read into tool_calls (vLLM's flag)")
+    add("--enable-auto-tool-choice", action="store_true", default=None,
+        help='let requests leave calling a tool to the model (tool_choice "auto"); needs '
+             "--tool-call-parser (vLLM's flag)")
+    add("--reasoning-parser", choices=list(REASONING_PARSERS),
+        help="split the model's thinking (<think>...</think>) into reasoning_content "
+             "(vLLM's flag)")
     add("--grpc-host", help=f"default: {DEFAULT_GRPC_HOST}")
     add("--grpc-port", type=int, help=f"default: {DEFAULT_GRPC_PORT}; 0 picks a free port")
     add("--allow-insecure-non-loopback", action="store_true", default=None,

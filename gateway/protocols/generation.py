@@ -101,6 +101,15 @@ def renamed(values: Mapping[str, object], names: Mapping[str, str]) -> dict[str,
 
 
 @dataclass(slots=True)
+class ToolCallResult:
+    """One tool call of a sequence, as its pieces arrive."""
+
+    id: str
+    name: str
+    arguments: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
 class SequenceResult:
     """One generated sequence, as its responses arrive."""
 
@@ -115,6 +124,11 @@ class SequenceResult:
     generated_tokens: int = 0
     seed: int = 0
     sampled: bool = False  # else greedy: its seed is unused
+    # Where the server reads tool calls or reasoning out of the text (which is then the
+    # answer's content alone): those, by call index, and the reasoning and its tokens.
+    tool_calls: dict[int, ToolCallResult] = field(default_factory=dict)
+    reasoning: list[str] = field(default_factory=list)
+    reasoning_tokens: int = 0
 
     @property
     def generated_text(self) -> str:
@@ -137,6 +151,11 @@ class SequenceResult:
             self.token_texts.extend([response.decoded_text] + [""] * (len(response.tokens) - 1))
         elif self.token_texts:
             self.token_texts[-1] += response.decoded_text
+        for call in response.tool_calls:
+            self.tool_calls.setdefault(call.index, ToolCallResult(call.id, call.name)
+                                       ).arguments.append(call.arguments)
+        self.reasoning.append(response.reasoning_text)
+        self.reasoning_tokens += response.reasoning_tokens
         self.finish_reason = response.finish_reason
         self.generated_tokens = response.generated_tokens
         self.seed = response.seed

@@ -31,6 +31,7 @@ import grpc
 from switchboard.gateway.errors import bad_request
 from switchboard.gateway.protocols.generation import (Generation, add_output_format, generate_request,
                                           json_text, optional_bool, renamed)
+from switchboard.gateway.protocols import openai_tools
 from switchboard.gateway.protocols.kserve import optional_string, refuse_unknown, require_object
 from switchboard.gateway.protocols.parameters import json_type
 from switchboard.proto import switchboard_pb2 as sb
@@ -137,7 +138,6 @@ def chat_request_to_pb(document: object) -> tuple[list[Call], OpenAIOptions]:
     messages = document.get("messages")
     if not isinstance(messages, list):
         raise bad_request("messages", f"must be an array of messages; got {json_type(messages)}")
-    refuse_tool_calls(document, ("none",))
     values = sampling_values(document)
     newer = token_limit(document, "max_completion_tokens")
     older = token_limit(document, "max_tokens")
@@ -148,8 +148,10 @@ def chat_request_to_pb(document: object) -> tuple[list[Call], OpenAIOptions]:
     names = add_structured_outputs(document.get("structured_outputs"), values, add_output_format(
         "response_format", document.get("response_format"), values,
         CHAT_NAMES_NEW_MAX if newer is not None else CHAT_NAMES))
-    request, deadline_s = generate_request(requested_model(document),
-                                           chat_messages(messages, document), values, names=names)
+    prompt = chat_messages(messages, document)
+    openai_tools.add_tools(document, prompt)
+    request, deadline_s = generate_request(requested_model(document), prompt, values,
+                                           names=names)
     return [Call(request, None)], _options(document, "chat.completion", logprobs, False,
                                            deadline_s, names)
 
@@ -298,7 +300,8 @@ def chat_messages(messages: list[object], options: Mapping[str, object]) -> sb.C
         role = message.get("role")
         if not isinstance(role, str):
             raise bad_request(f"{where}.role", f"must be a string; got {json_type(role)}")
-        result.messages.add(role=role, content=message_text(message.get("content"), where))
+        openai_tools.add_message_tool_fields(message, where, result.messages.add(
+            role=role, content=message_text(message.get("content"), where)))
     variables = options.get("chat_template_kwargs")
     if variables is not None:
         result.template_variables_json = json.dumps(
@@ -408,11 +411,12 @@ def reply(calls: list[Call], generations: list[Generation], options: OpenAIOptio
             if options.kind == "chat.completion":
                 choices.append({"index": index,
                                 "message": {"role": "assistant",
-                                            "content": sequence.generated_text,
+                                            **openai_tools.message_fields(sequence),
                                             "refusal": None},
                                 "logprobs": _chat_logprobs(sequence.tokens) if options.logprobs
                                 else None,
-                                "finish_reason": reason})
+                                "finish_reason": openai_tools.finish_reason(sequence,
+                                                                            reason)})
             else:
                 prefix = echo_text(call, generation) if options.echo else ""
                 generated = [] if options.echo_only else list(sequence.tokens)
@@ -434,21 +438,25 @@ def usage(generations: list[Generation], pending: int = 0) -> dict[str, object]:
     cached = sum(g.cached_tokens for g in generations)
     return {"prompt_tokens": prompt, "completion_tokens": completion,
             "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": cached}}
+            "prompt_tokens_details": {"cached_tokens": cached},
+            **openai_tools.usage_details(generations)}
 
 
 def chunk(options: OpenAIOptions, index: int, *, delta_text: str | None = None,
           role: bool = False, tokens: list[sb.Token] | None = None,
           prompt: Sequence[sb.Token] = (), text_offset: int = 0, finish_reason: str = "",
-          usage: dict[str, object] | None = None) -> dict[str, object]:
+          usage: dict[str, object] | None = None,
+          delta_fields: Mapping[str, object] | None = None) -> dict[str, object]:
     """One streamed chunk for choice `index`; `prompt`: the echoed prompt's tokens, which
     lead its tokens (completions' logprobs); `text_offset`: where the first of them starts in
-    the choice's text; `usage`: the usage so far, sent with continuous_usage."""
+    the choice's text; `usage`: the usage so far, sent with continuous_usage; `delta_fields`:
+    chat's reasoning_content and tool_calls."""
     reason = FINISH_REASONS.get(finish_reason, finish_reason) or None
     if options.kind == "chat.completion":
         delta: dict[str, object] = {"role": "assistant", "content": ""} if role else {}
         if delta_text:
             delta["content"] = delta_text
+        delta.update(delta_fields or {})
         choice: dict[str, object] = {"index": index, "delta": delta,
                                      "logprobs": _chat_logprobs(tokens) if options.logprobs
                                      and tokens else None,

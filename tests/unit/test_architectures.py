@@ -1,7 +1,7 @@
 """The paged runner computes each supported architecture as transformers does, including what
 sets them apart from SmolLM2's Llama: biases (Qwen2's Q/K/V, Llama's optional attention and
-MLP biases), tied embeddings, a head size of its own (as Mistral NeMo's), and sliding-window
-attention (Mistral on every layer, Qwen2 on its upper layers). Tiny models with random weights, compared logit by logit; an architecture
+MLP biases), tied embeddings, a head size of its own (as Mistral NeMo's), Qwen3's RMSNorm of
+each query and key head, and sliding-window attention (Mistral on every layer, Qwen2 on its upper layers). Tiny models with random weights, compared logit by logit; an architecture
 that is not supported is refused by name."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 import torch
 from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,
                           MistralConfig, MistralForCausalLM, PreTrainedModel, Qwen2Config,
-                          Qwen2ForCausalLM)
+                          Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
 from switchboard.engine.measured_choice import FP32_PACKINGS, MeasuredChoice, OneDnnPacked
 from switchboard.engine.paged_runner import PagedRunner, SequenceChunk, UnsupportedModel
@@ -44,17 +44,24 @@ def qwen2_windowed_above_layer_two() -> PreTrainedModel:
                                         architectures=["Qwen2ForCausalLM"]))
 
 
+def qwen3_with_its_own_head_size() -> PreTrainedModel:
+    return Qwen3ForCausalLM(Qwen3Config(**SHAPE, head_dim=24, tie_word_embeddings=True,
+                                        architectures=["Qwen3ForCausalLM"]))
+
+
 MODELS = {"llama": llama_with_biases, "mistral": mistral_with_a_window,
-          "qwen2": qwen2_windowed_above_layer_two}
+          "qwen2": qwen2_windowed_above_layer_two, "qwen3": qwen3_with_its_own_head_size}
 
 
 def build(name: str) -> PreTrainedModel:
     torch.manual_seed(0)
     model = MODELS[name]().eval()
     for parameter in model.parameters():
-        if parameter.dim() == 1 and not torch.all(parameter == 1):
-            # Biases start at zero: give them values, or a dropped bias would go unseen.
-            torch.nn.init.normal_(parameter, std=0.5)
+        if parameter.dim() == 1:
+            # Biases start at zero and norms' weights at one: vary them, or a dropped bias or
+            # norms swapped (Qwen3's of queries and keys) would go unseen.
+            with torch.no_grad():
+                parameter.add_(torch.randn_like(parameter), alpha=0.5)
     return model
 
 

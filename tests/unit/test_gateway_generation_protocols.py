@@ -706,8 +706,11 @@ def test_chat_max_tokens_zero_is_not_unlimited() -> None:
 @pytest.mark.parametrize("fields, field", [
     ({"max_tokens": "5"}, "max_tokens"),
     ({"max_completion_tokens": 1.5}, "max_completion_tokens"),
-    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-    ({"tool_choice": "auto"}, "tool_choice"),
+    ({"tools": [{"type": "function", "function": {"description": "f"}}]},
+     "tools[0].function.name"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": []}}]},
+     "tools[0].function.parameters"),
+    ({"tool_choice": "sometimes"}, "tool_choice"),
     ({"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
     ({"logit_bias": [1]}, "logit_bias"),
     ({"frobnicate": 1}, "frobnicate"),
@@ -719,7 +722,8 @@ def test_chat_max_tokens_zero_is_not_unlimited() -> None:
     ({"stream": True, "stream_options": {"include_usage": 1}}, "include_usage"),
     ({"logprobs": 1}, "logprobs"),
     ({"model": 7}, "model"),
-], ids=["max-string", "max-float", "tools", "tool-choice", "response-format", "logit-bias",
+], ids=["max-string", "max-float", "tool-without-name", "parameters-not-object",
+        "tool-choice", "response-format", "logit-bias",
         "unknown", "functions", "completions-only", "options-without-stream", "options-stream-false",
         "options-string", "include-usage-int", "logprobs-int", "model-int"])
 def test_chat_refusals_name_the_field(fields, field) -> None:
@@ -1304,7 +1308,7 @@ def test_tgi_chat_tokenize_takes_a_chat_request_and_tokenizes_its_messages() -> 
 @pytest.mark.parametrize("body, field", [
     ({"messages": "Hi"}, "messages"),
     ({"messages": [{"content": "Hi"}]}, "messages[0].role"),
-    ({"messages": [USER], "tools": [{"type": "function"}]}, "tools"),
+    ({"messages": [USER], "tools": [{"type": "function"}]}, "tools[0].function"),
     ({"messages": [USER], "inputs": "Hi"}, "inputs"),
 ])
 def test_tgi_chat_tokenize_refusals_name_the_field(body: dict, field: str) -> None:
