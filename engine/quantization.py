@@ -40,7 +40,8 @@ import torch.nn.functional as F
 
 from switchboard.engine.config import QUANTIZATION_SCHEMES
 from switchboard.engine.measured_choice import (MeasuredChoice, bf16_is_faster, bf16_product,
-                                    prepack_bf16, transposed_product)
+                                                prepack_bf16, transposed_product)
+from switchboard.engine.timing_store import TimingStore
 
 INT4_GROUP_SIZE = 32
 # Output channels dequantised at a time: small enough for the buffer to stay in cache.
@@ -158,10 +159,11 @@ class Fp16Copy:
 DenseCopy = type[Bf16Copy] | type[Fp16Copy]
 
 
-def dense_copy_for(sample_weight: torch.Tensor) -> DenseCopy | None:
+def dense_copy_for(sample_weight: torch.Tensor,
+                   store: TimingStore = TimingStore(None)) -> DenseCopy | None:
     """The copy that quantized projections multiply many rows by on this CPU (None: dequantise
     at each product), as `sample_weight` [out, in] (float32) tells."""
-    if bf16_is_faster(sample_weight):
+    if bf16_is_faster(sample_weight, store):
         return Bf16Copy
     return Fp16Copy if Fp16Copy.is_available() else None
 
