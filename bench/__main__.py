@@ -1,6 +1,9 @@
-"""`python -m bench [--quick]`: start the real server, load it at each concurrency level, run
-the transformers baselines on the same model while it idles, then (`--turns`) the compared
-levels and baselines again, in turn; stop it, then print and write the report."""
+"""`python -m bench [--quick]`: start the real server and the gateway in front of it, load the
+server at each concurrency level over gRPC, then through the gateway's streamed OpenAI route
+(mutual TLS, what users call), and (`--against-llama-server PATH`) llama.cpp's llama-server on
+the same GGUF file with the same prompts and client; run the transformers baselines on the
+same model while the servers idle, then (`--turns`) the compared levels and baselines again,
+in turn; stop them, then print and write the report."""
 
 from __future__ import annotations
 
@@ -27,13 +30,17 @@ from transformers import AutoTokenizer
 
 from bench import report
 from bench.baseline import Baseline
-from bench.grpc_load import LevelResult, run_level, secure_channel, speculation_counters
+from bench.grpc_load import run_level, secure_channel, speculation_counters
+from bench.levels import LevelResult
+from bench.llama_server import LlamaServer
+from bench.openai_load import Endpoint, mutual_tls, run_openai_level
 from bench.metrics import Row
 from bench.workload import PARAGRAPH, PromptSource
 from switchboard.engine.config import DTYPES, QUANTIZATIONS
 from switchboard.engine.loader import default_model_path, hf_folder, resolve_device, resolve_dtype
+from switchboard.engine.quantization import resolve_scheme
 from switchboard.cli import default_cache_dir
-from switchboard.process import ServerProcess
+from switchboard.process import GatewayProcess, ServerProcess
 from switchboard.tls import DevPKIPaths, write_dev_pki
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -46,6 +53,8 @@ QUICK_NEW_TOKENS = 16
 WARM_UP_TOKENS = 4
 TURNS = 2
 MAX_ERRORS_KEPT = 20
+OPENAI_ROUTE = "openai via gateway"
+LLAMA_SERVER = "llama-server"
 
 Prompts = list[tuple[int, ...]]
 T = TypeVar("T")
@@ -59,6 +68,14 @@ class LevelRun:
     speculation: dict[str, float]
 
 
+@dataclass(frozen=True, slots=True)
+class Route:
+    """A streamed OpenAI route the levels also run on, and the CPU time of what serves it."""
+
+    endpoint: Endpoint
+    cpu_seconds: Callable[[], float]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     levels = args.levels or (QUICK_LEVELS if args.quick else FULL_LEVELS)
@@ -68,10 +85,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.turns < 1:
         sys.exit("--turns must be at least 1")
     counts = [max(args.requests_per_stream * streams, args.min_requests) for streams in levels]
-    quantized = args.quantization != "none"
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
     served = args.model or default_model_path()
+    if args.against_llama_server and not os.access(args.against_llama_server, os.X_OK):
+        sys.exit(f"--against-llama-server: {args.against_llama_server} is not an executable "
+                 "file (docs/performance-defaults.md says how to build llama-server)")
+    if args.against_llama_server and served.suffix != ".gguf":
+        sys.exit("--against-llama-server serves a .gguf file: give --model one")
+    scheme = resolve_scheme(args.quantization, served, device, dtype,
+                            dtype_asked=args.dtype != "auto")
+    quantized = scheme != "none"
     # The baseline loads the Hugging Face folder; the server gets the model as given (a .gguf
     # file too, which --quantization gguf reads its precisions from).
     model = hf_folder(served, default_cache_dir())
@@ -84,11 +108,21 @@ def main(argv: Sequence[str] | None = None) -> int:
               flush=True)
         server = ServerProcess("--tls-dir", str(pki.folder), "--quantization", args.quantization,
                                "--model", str(served), "--device", device.type,
-                               "--dtype", str(dtype).removeprefix("torch."),
+                               *(["--dtype", args.dtype] if args.dtype != "auto" else []),
                                "--speculate", str(args.speculate),
                                *(["--config", str(args.server_config)] if args.server_config else []))
+        gateway = llama_server = None
         try:
             server.wait_ready()
+            gateway = GatewayProcess("--tls-dir", str(pki.folder), "--upstream", server.address,
+                                     "--http-port", "0", "--management-port", "0",
+                                     "--metrics-port", "0")
+            gateway.wait_ready()
+            if args.against_llama_server:
+                llama_server = LlamaServer(args.against_llama_server, served,
+                                           torch.get_num_threads())
+                asyncio.run(llama_server.wait_ready())
+            routes = _routes(server, gateway, llama_server, pki)
             tokenizer = AutoTokenizer.from_pretrained(model)
             source = PromptSource(tokenizer.encode(PARAGRAPH, add_special_tokens=False),
                                   args.seed, args.prompt_min, args.prompt_max)
@@ -105,6 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             turn_sizes = batch_sizes
             baseline = Baseline(model, tokenizer.eos_token_id, device, dtype)
             level_turns: list[dict[int, LevelRun]] = []
+            route_turns: list[dict[str, dict[int, LevelResult]]] = []
             baseline_turns: list[list[Row]] = []
             server_cpu_while_baselines = 0.0
             turns = args.turns if compared else 1  # nothing to compare: no more turns
@@ -123,13 +158,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                                       for size, batches in zip(batch_sizes, batch_prompts)}
                 level_turns.append(asyncio.run(_drive(server, pki, warm_up, turn_prompts,
                                                       new_tokens)))
+                # Prompts of their own (fresh, of the same lengths), the same for each route.
+                route_prompts = {streams: source.draw_like(prompts)
+                                 for streams, prompts in turn_prompts.items()}
+                route_turns.append({name: asyncio.run(_drive_route(name, route, warm_up,
+                                                                   route_prompts, new_tokens))
+                                    for name, route in routes.items()})
                 cpu_before = cpu_seconds(server)
                 baseline_turns.append(_baselines(baseline, warm_up, turn_single, batch_prompts,
                                                  new_tokens))
                 server_cpu_while_baselines += cpu_seconds(server) - cpu_before
             server_peak_rss = server.peak_rss_bytes()
         finally:
-            server.stop()
+            for process in (llama_server, gateway, server):
+                if process is not None:
+                    process.stop()
 
     runs = {streams: _fastest([turn[streams] for turn in level_turns if streams in turn],
                               lambda run: run.result.row)
@@ -138,12 +181,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     batches = [*baseline_turns[0][1:-1], _fastest([turn[-1] for turn in baseline_turns])]
     baseline_peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
     level_rows = {streams: run.result.row for streams, run in runs.items()}
-    rows = [*level_rows.values(), one_at_a_time, *batches]
+    route_rows = {name: {streams: _fastest([turn[name][streams].row for turn in route_turns
+                                            if streams in turn[name]])
+                         for streams in route_turns[0][name]}
+                  for name in route_turns[0]}
+    rows = [*level_rows.values(), *(row for by_level in route_rows.values()
+                                    for row in by_level.values()),
+            one_at_a_time, *batches]
     goals = (report.quantized_targets(level_rows, one_at_a_time, batches[-1], server_peak_rss)
              if quantized else
              report.targets(level_rows, one_at_a_time, batches[0], server_peak_rss))
-    errors = [message for turn in level_turns for run in turn.values()
-              for message in run.result.errors]
+    if llama_server is not None:
+        goals += report.llama_server_targets(route_rows[OPENAI_ROUTE],
+                                             route_rows[LLAMA_SERVER], server_peak_rss)
+    errors = [*(message for turn in level_turns for run in turn.values()
+                for message in run.result.errors),
+              *(message for turn in route_turns for by_level in turn.values()
+                for result in by_level.values() for message in result.errors)]
     duration_s = time.perf_counter() - started
 
     print()
@@ -156,7 +210,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args.out.mkdir(parents=True, exist_ok=True)
     stem = args.out / "-".join(["quick" if args.quick else "latest",
-                                *([args.quantization] if quantized else []),
+                                *([scheme] if quantized else []),
                                 *([f"speculate{args.speculate}"] if args.speculate else []),
                                 *([device.type] if device.type != "cpu" else []),
                                 *([args.model.stem] if args.model else [])])
@@ -171,7 +225,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                      "turns": turns,
                      # By size: how many static batches ran (a turn).
                      "static_batches": static_batches},
-        "quantization": args.quantization,
+        "quantization": scheme,
+        "against_llama_server": args.against_llama_server and str(args.against_llama_server),
         "speculate": args.speculate,
         # By level: requests' verifying steps, guessed tokens verified, and accepted.
         "speculation": ({streams: run.speculation for streams, run in runs.items()}
@@ -225,10 +280,15 @@ def _parser() -> argparse.ArgumentParser:
                              "quantized) and those baselines run this many times in turn, "
                              f"each side's fastest turn counted (default: {TURNS})")
     parser.add_argument("--seed", type=int, default=1234, help="workload seed (default: 1234)")
-    parser.add_argument("--quantization", choices=QUANTIZATIONS, default="none",
+    parser.add_argument("--quantization", choices=QUANTIZATIONS, default="auto",
                         help="the server's --quantization; a quantized run is also compared "
                              "with transformers' static batch of 64 and written as "
-                             "latest-<scheme>.* (default: none)")
+                             "latest-<scheme>.* (default: auto, the server's default: gguf "
+                             "for a .gguf model on CPU)")
+    parser.add_argument("--against-llama-server", type=Path, metavar="PATH",
+                        help="a llama.cpp llama-server binary: the OpenAI route's levels run "
+                             "against it too, on the same GGUF file, and the report gives "
+                             "issue 41's ratios (docs/performance-defaults.md builds one)")
     parser.add_argument("--speculate", type=int, default=0, metavar="N",
                         help="the server's --speculate (n-gram speculation, N guesses per "
                              "step); results are written as latest-...-speculateN.* "
@@ -283,6 +343,36 @@ async def _drive(server: ServerProcess, pki: DevPKIPaths, warm_up: Prompts,
                   + (f"; {counts['accepted_tokens']:.0f} of {guessed:.0f} guessed tokens "
                      "accepted" if guessed else ""), flush=True)
     return runs
+
+
+def _routes(server: ServerProcess, gateway: GatewayProcess, llama_server: LlamaServer | None,
+            pki: DevPKIPaths) -> dict[str, Route]:
+    """The gateway's OpenAI route (mutual TLS), and llama-server's where one runs."""
+    routes = {OPENAI_ROUTE: Route(
+        Endpoint(gateway.url("business"), server.model_name,
+                 mutual_tls(pki.ca_cert, pki.client_cert, pki.client_key)),
+        lambda: cpu_seconds(server) + cpu_seconds(gateway))}
+    if llama_server is not None:
+        routes[LLAMA_SERVER] = Route(Endpoint(llama_server.base_url, server.model_name),
+                                     llama_server.cpu_seconds)
+    return routes
+
+
+async def _drive_route(name: str, route: Route, warm_up: Prompts,
+                       level_prompts: dict[int, Prompts], new_tokens: int
+                       ) -> dict[int, LevelResult]:
+    """One turn of the levels of `level_prompts` on a streamed OpenAI route."""
+    await run_openai_level(route.endpoint, f"{name} warm-up", 1, warm_up, WARM_UP_TOKENS,
+                           route.cpu_seconds)
+    results: dict[int, LevelResult] = {}
+    for streams, prompts in level_prompts.items():
+        label = f"{name}, {streams} stream{'s' if streams > 1 else ''}"
+        print(f"{label}: {len(prompts)} requests of {new_tokens} tokens", flush=True)
+        results[streams] = await run_openai_level(route.endpoint, label, streams, prompts,
+                                                  new_tokens, route.cpu_seconds)
+        print(f"  {results[streams].row.tokens_per_s:.1f} tokens/s, "
+              f"{results[streams].row.errors} errors", flush=True)
+    return results
 
 
 def _static_batches(level_prompts: dict[int, Prompts], size: int, source: PromptSource

@@ -1,22 +1,20 @@
-"""Closed-loop load over gRPC with our generated stubs: C workers, each sending its next
-request when the previous one finishes; one `ModelStreamInfer` RPC per request, so the
-streamed token responses time the first token (TTFT), the time per output token after it
-(TPOT: the rest of the request's time over its other tokens) and the gaps between streamed
-tokens (ITL)."""
+"""Closed-loop load over gRPC with our generated stubs (see `levels.py`): one
+`ModelStreamInfer` RPC per request, so the streamed token responses time the first token
+(TTFT), the time per output token after it (TPOT: the rest of the request's time over its
+other tokens) and the gaps between streamed tokens (ITL)."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import grpc
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.metrics import Row, make_row
+from bench.levels import LevelResult, Timing, run_level as run_closed_loop
 from switchboard.proto import grpc_service_pb2 as pb
 from switchboard.proto import grpc_service_pb2_grpc as pb_grpc
 from switchboard.proto import switchboard_pb2 as sb
@@ -24,31 +22,6 @@ from switchboard.proto import switchboard_pb2_grpc as sb_grpc
 
 # The engine's own per-request timeout (600 s by default) must not cut a slow level short.
 REQUEST_TIMEOUT_US = 3600 * 1_000_000
-
-
-@dataclass(slots=True)
-class Timing:
-    """What one request measured: seconds to its first token, the gap before each token
-    after it (a response of several tokens shares its gap among them). joins_running: sent by
-    a worker after its first request, so into a batch of other streams decoding, rather than
-    in the level's opening burst."""
-
-    joins_running: bool
-    ttft_s: float | None = None
-    gaps_s: list[float] = field(default_factory=list)
-    tokens: int = 0
-    error: str | None = None
-
-    @property
-    def tpot_s(self) -> float | None:
-        """Seconds per output token after the first (vLLM's TPOT, the baseline's)."""
-        return sum(self.gaps_s) / len(self.gaps_s) if self.gaps_s else None
-
-
-@dataclass(frozen=True, slots=True)
-class LevelResult:
-    row: Row
-    errors: list[str]
 
 
 def secure_channel(address: str, ca: Path, cert: Path, key: Path) -> grpc.aio.Channel:
@@ -64,25 +37,9 @@ async def run_level(channel: grpc.aio.Channel, model_name: str, name: str, strea
     """Send `prompts` through `streams` closed-loop workers; `cpu_seconds` reads the server's
     CPU time, for its utilisation over the level."""
     stub = pb_grpc.GRPCInferenceServiceStub(channel)
-    pending = iter(prompts)
-    timings: list[Timing] = []
-
-    async def worker() -> None:
-        for index, prompt in enumerate(pending):
-            timings.append(await _one_request(stub, model_name, prompt, max_new_tokens,
-                                              joins_running=index > 0))
-
-    cpu_start, start = cpu_seconds(), time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(streams)))
-    wall_s = time.perf_counter() - start
-    cpu_s = cpu_seconds() - cpu_start
-    errors = [timing.error for timing in timings if timing.error is not None]
-    row = make_row(name, streams, len(timings), len(errors), sum(t.tokens for t in timings),
-                   wall_s, cpu_s, [t.ttft_s for t in timings if t.ttft_s is not None],
-                   [t.tpot_s for t in timings if t.tpot_s is not None],
-                   [gap for t in timings for gap in t.gaps_s],
-                   [t.ttft_s for t in timings if t.ttft_s is not None and t.joins_running])
-    return LevelResult(row, errors)
+    return await run_closed_loop(name, streams, prompts,
+                                 partial(_one_request, stub, model_name,
+                                         max_new_tokens=max_new_tokens), cpu_seconds)
 
 
 async def speculation_counters(channel: grpc.aio.Channel) -> dict[str, float]:
@@ -112,8 +69,8 @@ def _request(model_name: str, prompt: tuple[int, ...],
 
 
 async def _one_request(stub: pb_grpc.GRPCInferenceServiceStub, model_name: str,
-                       prompt: tuple[int, ...], max_new_tokens: int, *,
-                       joins_running: bool) -> Timing:
+                       prompt: tuple[int, ...], joins_running: bool, *,
+                       max_new_tokens: int) -> Timing:
     request = _request(model_name, prompt, max_new_tokens)
 
     async def requests() -> AsyncIterator[pb.ModelInferRequest]:
@@ -132,11 +89,7 @@ async def _one_request(stub: pb_grpc.GRPCInferenceServiceStub, model_name: str,
             # input0 is answered with output0: the response's new token ids as UINT32.
             count = len(infer.raw_output_contents[0]) // 4 if infer.raw_output_contents else 0
             if count:
-                if timing.ttft_s is None:
-                    timing.ttft_s = now - start
-                else:
-                    timing.gaps_s.extend([(now - last) / count] * count)
-                timing.tokens += count
+                timing.add_tokens(count, now - start, now - last)
                 last = now
             final = infer.parameters.get("triton_final_response")
             if final is not None and final.bool_param:

@@ -10,12 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
-
-from bench.metrics import Row  # noqa: E402
+from bench.metrics import Row
 
 GIB = 1024 ** 3
 HEADERS = ("run", "streams", "requests", "errors", "tokens/s", "TTFT p50 ms", "TTFT p99 ms",
@@ -79,8 +74,42 @@ def quantized_targets(levels: Mapping[int, Row], one_at_a_time: Row, batch: Row,
                lambda value: value >= 1.6),
         Target("16 streams TTFT p50 joining the others decoding, s",
                sixteen.joining_ttft_p50_s if sixteen else nan, "≤ 1", lambda value: value <= 1),
-        Target("server peak RSS, GiB", server_peak_rss / GIB, "≤ 1.5",
-               lambda value: value <= 1.5),
+        peak_rss_target(server_peak_rss),
+    ]
+
+
+def peak_rss_target(server_peak_rss: int) -> Target:
+    return Target("server peak RSS, GiB", server_peak_rss / GIB, "≤ 1.5",
+                  lambda value: value <= 1.5)
+
+
+def llama_server_targets(ours: Mapping[int, Row], theirs: Mapping[int, Row],
+                         server_peak_rss: int) -> list[Target]:
+    """Issue 41's goals 3 and 4: Switchboard's OpenAI route through the gateway (mutual TLS)
+    against llama.cpp's llama-server on the same GGUF file, same prompts, same client, by
+    level (NaN where a level was not run on both). One stream decodes at least as fast (1 /
+    TPOT p50) with at most half the time to first token; at 16 and 64 streams at least twice
+    the aggregate tokens/s; TTFT p50 at 16 streams at most 0.5 s; peak RSS at most 1.5 GiB."""
+    nan = float("nan")
+
+    def both(streams: int) -> tuple[Row, Row] | None:
+        return (ours[streams], theirs[streams]) if streams in ours and streams in theirs \
+            else None
+
+    single, sixteen, high = both(1), both(16), both(64)
+    return [
+        Target("1 stream decode tokens/s ÷ llama-server's",
+               single[1].tpot_p50_s / single[0].tpot_p50_s if single else nan, "≥ 1.0",
+               lambda value: value >= 1.0),
+        Target("1 stream TTFT ÷ llama-server's",
+               single[0].ttft_p50_s / single[1].ttft_p50_s if single else nan, "≤ 0.5",
+               lambda value: value <= 0.5),
+        *(Target(f"{streams} streams tokens/s ÷ llama-server's",
+                 pair[0].tokens_per_s / pair[1].tokens_per_s if pair else nan, "≥ 2",
+                 lambda value: value >= 2) for streams, pair in ((16, sixteen), (64, high))),
+        Target("16 streams TTFT p50, s", sixteen[0].ttft_p50_s if sixteen else nan, "≤ 0.5",
+               lambda value: value <= 0.5),
+        peak_rss_target(server_peak_rss),
     ]
 
 
@@ -120,6 +149,12 @@ def write_json(path: Path, rows: Sequence[Row], goals: Sequence[Target],
 
 
 def plot(path: Path, levels: Mapping[int, Row], baselines: Sequence[Row]) -> None:
+    # Imported here: the report's tables and targets need no bench extras (unit tests).
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     streams = sorted(levels)
     rows = [levels[count] for count in streams]
     figure, (throughput, latency) = plt.subplots(1, 2, figsize=(12, 4.5))

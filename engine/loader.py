@@ -89,12 +89,13 @@ def load_model(config: EngineConfig) -> LoadedModel:
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
     try:
-        quantization = QuantizationPlan.for_model(config.quantization, source, device, dtype)
+        quantization = QuantizationPlan.for_model(config.quantization, source, device, dtype,
+                                                  dtype_asked=config.dtype != "auto")
     except QuantizationError as error:
         raise ModelLoadError(str(error)) from error
     folder = hf_folder(source, config.cache_dir)
     logger.info("loading %s on %s as %s (quantization: %s)", source, device, dtype,
-                config.quantization)
+                quantization.scheme)
     # On an accelerator the weights load straight into its memory, never all in host memory.
     placement = {} if device.type == "cpu" else {"device_map": device}
     try:

@@ -18,6 +18,9 @@ Zen 3, MKL's lost and oneDNN's won (a one-row step 6% faster, a 16-row one 9%, m
 gate/up projections and the LM head). The plain and a packed form cannot both be kept (the
 weights would take twice the memory), so that choice is made once for all rows
 (`fastest_overall`).
+
+Every choice is made from the times a `Best` gives: by default this start's own, or the best
+kept over starts in the cache folder (see `timing_store.py`).
 """
 
 from __future__ import annotations
@@ -25,12 +28,14 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from typing import TypeVar
 
 import torch
 import torch.nn.functional as F
+
+from switchboard.engine.timing_store import Best, Times, TimingStore, measure_now
 
 PROBE_ROWS = (1, 4, 8, 16, 64, 256)
 REPEATS = 5
@@ -71,22 +76,43 @@ class MeasuredChoice:
         choice._second_faster = dict.fromkeys(PROBE_ROWS, True)
         return choice
 
-    def measure(self, first: Product, second: Product, in_features: int) -> MeasuredChoice:
-        """first, second: the same function of x [rows, in_features] (float32), two ways."""
-        for rows in PROBE_ROWS:
-            x = torch.randn(rows, in_features)
-            self._second_faster[rows] = _seconds(second, x) < _seconds(first, x)
+    def measure(self, first: Product, second: Product, in_features: int,
+                best: Best = measure_now) -> MeasuredChoice:
+        """first, second: the same function of x [rows, in_features] (float32), two ways;
+        best: the times to choose by (see `timing_store.py`)."""
+        inputs = [torch.randn(rows, in_features) for rows in PROBE_ROWS]
+
+        def measure() -> Times:
+            times: Times = [[], []]
+            for x in inputs:
+                times[1].append(_seconds(second, x))
+                times[0].append(_seconds(first, x))
+            return times
+
+        self._choose(PROBE_ROWS, best(measure))
         return self
 
     def measure_in_turns(self, first: Callable[[], object], second: Callable[[], object],
                          product: Callable[[Input], object], inputs: dict[int, Input],
-                         rounds: int) -> MeasuredChoice:
+                         rounds: int, best: Best = measure_now) -> MeasuredChoice:
         """first, second: arrangements under which `product` runs two ways; inputs: one for
         each of some of PROBE_ROWS (the others keep the first way). See `fastest_in_turns`."""
-        for rows, x in inputs.items():
-            self._second_faster[rows] = fastest_in_turns((first, second), product, [x],
-                                                         rounds) == 1
+        def measure() -> Times:
+            per_rows = [times_in_turns((first, second), product, [x], rounds)
+                        for x in inputs.values()]
+            return [[times[way][0] for times in per_rows] for way in (0, 1)]
+
+        self._choose(inputs, best(measure))
         return self
+
+    def _choose(self, probes: Iterable[int], times: Times) -> None:
+        for rows, first, second in zip(probes, *times, strict=True):
+            self._second_faster[rows] = second < first
+
+    def describe(self) -> str:
+        """The numbers of rows probed for which the second way was faster, for the log."""
+        return ", ".join(str(rows) for rows, faster in self._second_faster.items()
+                         if faster) or "none"
 
     @property
     def second_always_faster(self) -> bool:
@@ -104,7 +130,8 @@ class MeasuredChoice:
         return self._second_faster[probe]
 
 
-def fastest_overall(makers: Sequence[Callable[[], Product]], in_features: int) -> int:
+def fastest_overall(makers: Sequence[Callable[[], Product]], in_features: int,
+                    best: Best = measure_now) -> int:
     """The index of the fastest of the products `makers` make, over PROBE_ROWS, by the
     geometric mean of its times (each number of rows counts alike, however long it takes).
     Each product is made, timed over all rows and dropped before the next is made (one held
@@ -115,34 +142,46 @@ def fastest_overall(makers: Sequence[Callable[[], Product]], in_features: int) -
     (12.1 ms against 13.5, the geometric mean), came out unpacked in a bench run under load,
     with which 16-row steps take ~10% longer."""
     inputs = [torch.randn(rows, in_features) for rows in PROBE_ROWS]
-    best = [[math.inf] * len(inputs) for _ in makers]
-    order = range(len(makers))
-    for index in (*order, *reversed(order)):
-        product = makers[index]()
-        best[index] = [min(seconds, _seconds(product, x, REPEATS_PER_TURN))
-                       for seconds, x in zip(best[index], inputs)]
-        del product  # before the next is made
-    return _least_geometric_mean(best)
+
+    def measure() -> Times:
+        fastest = [[math.inf] * len(inputs) for _ in makers]
+        order = range(len(makers))
+        for index in (*order, *reversed(order)):
+            product = makers[index]()
+            fastest[index] = [min(seconds, _seconds(product, x, REPEATS_PER_TURN))
+                              for seconds, x in zip(fastest[index], inputs)]
+            del product  # before the next is made
+        return fastest
+
+    return _least_geometric_mean(best(measure))
 
 
 def fastest_in_turns(arrangements: Sequence[Callable[[], object]],
                      product: Callable[[Input], object], inputs: Sequence[Input],
-                     rounds: int) -> int:
+                     rounds: int, best: Best = measure_now) -> int:
     """The index of the arrangement under which `product` is fastest over `inputs`, by the
-    geometric mean of its times, each the best of `rounds` after one to warm up. The
-    arrangements take turns round by round, so a spell of load on the machine slows them
-    alike (timed one after another, whole steps of a model differed by 10% from one run to
-    the next)."""
-    best = [[math.inf] * len(inputs) for _ in arrangements]
+    geometric mean of its times (see `times_in_turns`)."""
+    return _least_geometric_mean(best(partial(times_in_turns, arrangements, product, inputs,
+                                              rounds)))
+
+
+def times_in_turns(arrangements: Sequence[Callable[[], object]],
+                   product: Callable[[Input], object], inputs: Sequence[Input],
+                   rounds: int) -> Times:
+    """The times of `product` over `inputs` under each arrangement, each the best of `rounds`
+    after one to warm up. The arrangements take turns round by round, so a spell of load on
+    the machine slows them alike (timed one after another, whole steps of a model differed by
+    10% from one run to the next)."""
+    fastest = [[math.inf] * len(inputs) for _ in arrangements]
     for round_ in range(rounds + 1):
-        for times, arrange in zip(best, arrangements):
+        for times, arrange in zip(fastest, arrangements):
             arrange()
             for index, x in enumerate(inputs):
                 start = time.perf_counter()
                 product(x)
                 if round_:
                     times[index] = min(times[index], time.perf_counter() - start)
-    return _least_geometric_mean(best)
+    return fastest
 
 
 def _least_geometric_mean(times: Sequence[Sequence[float]]) -> int:
@@ -201,15 +240,17 @@ def onednn_multiplies_bf16() -> bool:
     return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
-def bf16_is_faster(weight: torch.Tensor) -> bool:
+def bf16_is_faster(weight: torch.Tensor, store: TimingStore = TimingStore(None)) -> bool:
     """Whether this CPU multiplies 64 rows by a oneDNN-prepacked bf16 copy of `weight`
     [out, in] faster than in fp32: 4-5x faster with AMX, 5x slower without bf16 units, and not
     at all without oneDNN's bf16 support."""
     if not onednn_multiplies_bf16():
         return False
     packed = prepack_bf16(weight)
+    name = f"float32 or a bf16 copy, {tuple(weight.shape)}, rows {PROBE_ROWS}"
     choice = MeasuredChoice().measure(partial(F.linear, weight=weight),
-                                      partial(bf16_product, packed=packed), weight.shape[1])
+                                      partial(bf16_product, packed=packed), weight.shape[1],
+                                      partial(store.best, name))
     return choice.second_is_faster(64)
 
 

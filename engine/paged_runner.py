@@ -42,11 +42,14 @@ from transformers import PretrainedConfig, PreTrainedModel
 from switchboard.engine.attention import AttentionBatch, paged_attention
 from switchboard.engine.decode_graphs import DecodeGraphs
 from switchboard.engine.host_memory import release_free_heap
-from switchboard.engine.measured_choice import (FP32_PACKINGS, MeasuredChoice, MklPacked, OneDnnPacked,
-                                    Product, fastest_in_turns, fastest_overall,
-                                    one_after_another, transposed_product)
+from switchboard.engine.measured_choice import (FP32_PACKINGS, PROBE_ROWS, MeasuredChoice,
+                                                MklPacked, OneDnnPacked, Product,
+                                                fastest_in_turns, fastest_overall,
+                                                one_after_another, transposed_product)
 from switchboard.engine.quantization import (DenseCopy, QuantizationPlan, QuantizedEmbedding,
-                                 QuantizedProjection, QuantizedWeight, RefinedHead, Scratch)
+                                             QuantizedProjection, QuantizedWeight, RefinedHead,
+                                             Scratch)
+from switchboard.engine.timing_store import Best, TimingStore
 
 logger = logging.getLogger(__name__)
 
@@ -194,9 +197,11 @@ def kv_bytes_per_token(model: PreTrainedModel, dtype: torch.dtype) -> int:
 class PagedRunner:
     def __init__(self, model: PreTrainedModel, device: torch.device, num_blocks: int,
                  block_size: int, quantization: QuantizationPlan = QuantizationPlan("none"),
-                 *, static_decode_batch: int = 0, dense_copy: DenseCopy | None = None) -> None:
+                 *, static_decode_batch: int = 0, dense_copy: DenseCopy | None = None,
+                 timings: TimingStore = TimingStore(None)) -> None:
         """static_decode_batch: the most sequences a decode step is padded for to replay a
         CUDA graph (0: every step eager); on a CPU the padded steps run without a graph.
+        timings: where the load-time measurements keep their best times across restarts.
         dense_copy (quantized; see `dense_copy_for`): the copies of their weights projections
         keep for many rows; with them the KV cache and attention are in bf16, which halves the
         bytes attention reads (64 int4 decodes on the Zen 3: attention took 69 ms of a step
@@ -214,6 +219,12 @@ class PagedRunner:
         dtype = model.lm_head.weight.dtype
         self._quantization = quantization
         self._scratch = Scratch()
+        self._timings = timings
+        # What the measured steps compute, for the names their times are kept under.
+        self._model_shape = (f"{architecture}: {config.num_hidden_layers} layers, hidden "
+                             f"{config.hidden_size}, intermediate {config.intermediate_size}, "
+                             f"heads {self._num_heads}/{self._num_kv_heads}x{self._head_dim}, "
+                             f"vocabulary {config.vocab_size}, {quantization.scheme}")
         measures = device.type == "cpu" and model.lm_head.weight.dtype == torch.float32
         self._transposed = self._measure_transposed(model) if measures else None
         self._packing = (self._measure_packing(model)
@@ -302,6 +313,24 @@ class PagedRunner:
                 release_free_heap()
         self._k_cache = torch.zeros(self._cache_shape, dtype=self._cache_dtype, device=self._device)
         self._v_cache = torch.zeros(self._cache_shape, dtype=self._cache_dtype, device=self._device)
+        if self._device.type == "cpu":
+            logger.info("load-time choices (timed, or as kept in %s): %s",
+                        self._timings.file or "no cache folder", self.measured_choices())
+
+    def measured_choices(self) -> dict[str, str]:
+        """What the load-time measurements chose on a CPU (where a choice was timed)."""
+        choices = {"decoding attention": "grouped by K/V head" if self._groups_queries
+                   else "SDPA's GQA"}
+        if self._transposed is not None:
+            choices["(W @ xt)t at rows"] = self._transposed.describe()
+        if self._measures_dense:
+            choices["quantized dense copies"] = getattr(self._dense_copy, "__name__", "none")
+            choices["dense products at rows"] = self._dense.describe()
+        elif self._transposed is not None:
+            choices["float32 layout"] = getattr(self._packing, "__name__", "unpacked")
+            choices[f"{'/'.join(FEW_ROW_PLAIN_ROLES)} unpacked at rows"] = \
+                self._few_rows.describe()
+        return choices
 
     def _fuse(self, index: int, layer: nn.Module, windowed: bool) -> tuple[_Layer, _Layer]:
         """Fuse a layer's projections; the originals are dropped from the model (the runner
@@ -335,15 +364,21 @@ class PagedRunner:
         release_free_heap()
         return fused, few_rows
 
-    @staticmethod
-    def _measure_transposed(model: PreTrainedModel) -> MeasuredChoice:
+    def _measure_transposed(self, model: PreTrainedModel) -> MeasuredChoice:
         """Whether (W @ xᵀ)ᵀ beats x @ Wᵀ on this CPU, by rows, timed over the layers' up
         projections (see `measured_layers`)."""
         weights = _timed_up_projections(model)
         return MeasuredChoice().measure(
             one_after_another([partial(F.linear, weight=weight) for weight in weights]),
             one_after_another([partial(transposed_product, weight=weight) for weight in weights]),
-            weights[0].shape[1])
+            weights[0].shape[1],
+            self._best(f"x @ Wt or (W @ xt)t, {_describe_weights(weights)}, rows {PROBE_ROWS}"))
+
+    def _best(self, name: str) -> Best:
+        """The times a load-time choice named `name` is made from (see `timing_store.py`).
+        A name says what is timed, not the earlier choices it was timed under: those settle
+        first, and a name that changed with them would take longer to settle."""
+        return partial(self._timings.best, name)
 
     def _measure_packing(self, model: PreTrainedModel
                          ) -> type[MklPacked | OneDnnPacked] | None:
@@ -360,10 +395,12 @@ class PagedRunner:
                                       else PackedProjection(projection, packing)
                                       for projection in unpacked])
 
-        chosen = layouts[fastest_overall([partial(product, packing) for packing in layouts],
-                                         weights[0].shape[1])]
-        logger.info("float32 projections: %s", "unpacked" if chosen is None
-                    else f"laid out for {chosen.__name__}'s GEMM, the fastest when timed")
+        names = ", ".join("unpacked" if packing is None else packing.__name__
+                          for packing in layouts)
+        chosen = layouts[fastest_overall(
+            [partial(product, packing) for packing in layouts], weights[0].shape[1],
+            self._best(f"float32 layouts {names}, {_describe_weights(weights)}, "
+                       f"rows {PROBE_ROWS}"))]
         return chosen
 
     @torch.inference_mode()
@@ -383,11 +420,11 @@ class PagedRunner:
         self._few_rows = MeasuredChoice().measure_in_turns(
             partial(setattr, self, "_few_rows", MeasuredChoice.first_always()),
             partial(setattr, self, "_few_rows", MeasuredChoice.second_always()),
-            self._forward, probes, PROBE_ROUNDS)
+            self._forward, probes, PROBE_ROUNDS,
+            self._best(f"steps with {'/'.join(FEW_ROW_PLAIN_ROLES)} unpacked or laid out for "
+                       f"{self._packing.__name__}, {self._model_shape}, rows "
+                       f"{FEW_ROW_PROBES} at {PROBE_CONTEXT} tokens"))
         self._k_cache = self._v_cache = None
-        logger.info("steps of %s rows use unpacked %s projections (timed at the warm-up)",
-                    [rows for rows in FEW_ROW_PROBES if self._few_rows.second_is_faster(rows)]
-                    or "no number of", "/".join(FEW_ROW_PLAIN_ROLES))
         if self._few_rows.second_never_faster:
             self._few_row_layers = None
 
@@ -415,10 +452,11 @@ class PagedRunner:
         self._groups_queries = fastest_in_turns(
             (partial(setattr, self, "_groups_queries", False),
              partial(setattr, self, "_groups_queries", True)),
-            attend, inputs, PROBE_ROUNDS) == 1
+            attend, inputs, PROBE_ROUNDS,
+            self._best(f"decoding attention through SDPA's GQA or grouped, {self._model_shape}, "
+                       f"{self._cache_dtype} KV, sequences {GROUPING_PROBES} at "
+                       f"{PROBE_CONTEXT} tokens")) == 1
         self._k_cache = self._v_cache = None
-        logger.info("decoding sequences attend %s (timed at the warm-up)",
-                    "grouped by K/V head" if self._groups_queries else "through SDPA's GQA")
 
     def _probe_batches(self, probe_rows: Sequence[int]) -> dict[int, AttentionBatch]:
         """Steps of `probe_rows` rows for the load-time measurements, over a KV cache of their
@@ -440,9 +478,14 @@ class PagedRunner:
         layers' gate/up projections (see `measured_layers`)."""
         projections = [layer.gate_up for layer in measured_layers(
             self._layers, lambda layer: 2 * layer.gate_up.shape.numel())]  # its bf16 bytes
+        copies = (f"{self._dense_copy.__name__} copies" if self._dense_copy is not None
+                  else "fp32 dequantised at each product")
         self._dense.measure(one_after_another([p.packed_mm for p in projections]),
                             one_after_another([p.dense_mm for p in projections]),
-                            projections[0].shape[1])
+                            projections[0].shape[1],
+                            self._best(f"{self._quantization.scheme} kernels or {copies}, "
+                                       f"{len(projections)} x {tuple(projections[0].shape)}, "
+                                       f"rows {PROBE_ROWS}"))
 
     def _project(self, layer: int | None, linears: dict[str, nn.Linear]
                  ) -> Projection | PackedProjection | QuantizedProjection:
@@ -552,6 +595,10 @@ def _timed_up_projections(model: PreTrainedModel) -> list[torch.Tensor]:
     return [layer.mlp.up_proj.weight.detach()
             for layer in measured_layers(model.model.layers,
                                          lambda layer: layer.mlp.up_proj.weight.nbytes)]
+
+
+def _describe_weights(weights: Sequence[torch.Tensor]) -> str:
+    return f"{len(weights)} x {tuple(weights[0].shape)} {weights[0].dtype}"
 
 
 def measured_layers(layers: Sequence[Layer], size: Callable[[Layer], int]) -> Sequence[Layer]:

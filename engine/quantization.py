@@ -38,9 +38,10 @@ from types import MappingProxyType
 import torch
 import torch.nn.functional as F
 
-from switchboard.engine.config import QUANTIZATIONS
+from switchboard.engine.config import QUANTIZATION_SCHEMES
 from switchboard.engine.measured_choice import (MeasuredChoice, bf16_is_faster, bf16_product,
-                                    prepack_bf16, transposed_product)
+                                                prepack_bf16, transposed_product)
+from switchboard.engine.timing_store import TimingStore
 
 INT4_GROUP_SIZE = 32
 # Output channels dequantised at a time: small enough for the buffer to stay in cache.
@@ -158,10 +159,11 @@ class Fp16Copy:
 DenseCopy = type[Bf16Copy] | type[Fp16Copy]
 
 
-def dense_copy_for(sample_weight: torch.Tensor) -> DenseCopy | None:
+def dense_copy_for(sample_weight: torch.Tensor,
+                   store: TimingStore = TimingStore(None)) -> DenseCopy | None:
     """The copy that quantized projections multiply many rows by on this CPU (None: dequantise
     at each product), as `sample_weight` [out, in] (float32) tells."""
-    if bf16_is_faster(sample_weight):
+    if bf16_is_faster(sample_weight, store):
         return Bf16Copy
     return Fp16Copy if Fp16Copy.is_available() else None
 
@@ -310,13 +312,16 @@ class QuantizationPlan:
     gguf_bits: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
 
     def __post_init__(self) -> None:
-        if self.scheme not in QUANTIZATIONS:
-            raise QuantizationError(f"quantization must be one of {', '.join(QUANTIZATIONS)}; "
+        if self.scheme not in QUANTIZATION_SCHEMES:
+            raise QuantizationError(f"quantization must be one of "
+                                    f"{', '.join(QUANTIZATION_SCHEMES)}; "
                                     f"got {self.scheme!r}")
 
     @classmethod
-    def for_model(cls, scheme: str, source: Path, device: torch.device,
-                  dtype: torch.dtype) -> QuantizationPlan:
+    def for_model(cls, scheme: str, source: Path, device: torch.device, dtype: torch.dtype,
+                  *, dtype_asked: bool = False) -> QuantizationPlan:
+        """dtype_asked: the operator chose the dtype (see `resolve_scheme`)."""
+        scheme = resolve_scheme(scheme, source, device, dtype, dtype_asked=dtype_asked)
         if scheme == "none":
             return cls(scheme)
         if device.type != "cpu" or dtype != torch.float32:
@@ -344,6 +349,19 @@ class QuantizationPlan:
         if layer is None:
             return self.gguf_bits.get("output", self.gguf_bits.get("token_embd", 8))
         return max(self.gguf_bits.get(f"blk.{layer}.{role}", 8) for role in roles)
+
+
+def resolve_scheme(scheme: str, source: Path, device: torch.device, dtype: torch.dtype, *,
+                   dtype_asked: bool) -> str:
+    """The scheme `auto` stands for: gguf for a .gguf file on a CPU in float32 unless the
+    operator asked for a dtype (its weights served in their own quantization, the fastest
+    path there); none for anything else (a Hugging Face folder keeps its weights as they are,
+    an accelerator its dtype). Other schemes are themselves."""
+    if scheme != "auto":
+        return scheme
+    serves_gguf = (source.suffix == ".gguf" and device.type == "cpu"
+                   and dtype == torch.float32 and not dtype_asked)
+    return "gguf" if serves_gguf else "none"
 
 
 def gguf_bits(gguf_file: Path) -> dict[str, int]:

@@ -129,10 +129,13 @@ def _add_server_arguments(parser: argparse.ArgumentParser) -> dict[str, str]:
         help="a Hugging Face folder or a .gguf file (default: the packaged SmolLM2)")
     add("--model-name", help=f"name clients use (default: {DEFAULT_MODEL_NAME})")
     add("--device", choices=DEVICES, help="default: auto (cuda, then npu, then cpu)")
-    add("--dtype", choices=DTYPES, help="default: auto (bfloat16 on accelerators, float32 on CPU)")
+    add("--dtype", choices=DTYPES,
+        help="default: auto (bfloat16 on accelerators, float32 on CPU); a dtype asked for "
+             "keeps a .gguf model's weights unquantized in it unless --quantization says more")
     add("--quantization", choices=QUANTIZATIONS,
-        help="weight-only quantized linears on CPU: int8, int4, or gguf (a .gguf file's own "
-             "precision per matrix); default: none")
+        help="weight-only quantized linears on CPU: int8, int4, gguf (a .gguf file's own "
+             "precision per matrix), or none; default: auto (gguf for a .gguf model on CPU "
+             "without --dtype, else none)")
     add("--enforce-eager", action="store_true", default=None,
         help="run every step eagerly: no CUDA graphs for decode steps")
     add("--speculate", type=int, dest="num_speculative_tokens", metavar="N",

@@ -1,8 +1,10 @@
 """The engine with the real packaged model, in process: answers, parity with transformers'
 greedy `generate`, clean streaming of Chinese text, reproducible seeds, stop strings.
 
-These run on the CPU in float32 wherever they run, so that exact parity and batch-invariant
-seeds are checked on every machine. Where a CUDA device is present, the tests at the end
+These run on the CPU in float32 (`quantization="none"`: the packaged .gguf model's default is
+its own quantization, whose agreement with transformers tests/integration/test_quantized_model.py
+measures within its tolerance) wherever they run, so that exact parity and batch-invariant seeds
+are checked on every machine. Where a CUDA device is present, the tests at the end
 check the CUDA path too (bfloat16, decode steps replayed from CUDA graphs)."""
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ class EngineHarness:
 
     def __init__(self, **config: object) -> None:
         config.setdefault("device", "cpu")
+        config.setdefault("quantization", "none")
         self.loop = asyncio.new_event_loop()
         self.engine = AsyncEngine.from_config(EngineConfig(cache_dir=CACHE_DIR, **config))
         self.engine.start(self.loop)

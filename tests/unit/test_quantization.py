@@ -12,7 +12,8 @@ import torch
 from switchboard.engine.measured_choice import MeasuredChoice
 from switchboard.engine.quantization import (DEQUANTIZE_CHANNELS, INT4_GROUP_SIZE, Bf16Copy, Fp16Copy,
                                  QuantizationError, QuantizationPlan, QuantizedEmbedding,
-                                 QuantizedProjection, QuantizedWeight, RefinedHead, Scratch)
+                                 QuantizedProjection, QuantizedWeight, RefinedHead, Scratch,
+                                 resolve_scheme)
 
 CPU = torch.device("cpu")
 
@@ -168,6 +169,23 @@ def test_the_gguf_plan_keeps_each_matrix_at_its_file_precision() -> None:
     assert plan.bits(0, ["ffn_down"]) == 4
     assert plan.bits(1, ["ffn_down"]) == 8  # unknown: 8 bits
     assert plan.bits(None, ["output"]) == 8  # a tied head is the embedding
+
+
+def test_auto_serves_a_gguf_file_in_its_own_quantization_on_cpu_unless_a_dtype_is_asked(
+        tmp_path: Path) -> None:
+    """What `make run` serves by default: a .gguf file in its own precisions on a CPU, as
+    llama.cpp serves it; a Hugging Face folder, an accelerator or an asked-for dtype keep the
+    weights unquantized; an explicit scheme is itself."""
+    gguf, folder, cuda = tmp_path / "model.gguf", tmp_path / "model", torch.device("cuda")
+    assert resolve_scheme("auto", gguf, CPU, torch.float32, dtype_asked=False) == "gguf"
+    assert resolve_scheme("auto", gguf, CPU, torch.float32, dtype_asked=True) == "none"
+    assert resolve_scheme("auto", gguf, cuda, torch.bfloat16, dtype_asked=False) == "none"
+    assert resolve_scheme("auto", folder, CPU, torch.float32, dtype_asked=False) == "none"
+    assert resolve_scheme("int4", folder, CPU, torch.float32, dtype_asked=True) == "int4"
+    assert resolve_scheme("none", gguf, CPU, torch.float32, dtype_asked=False) == "none"
+    assert QuantizationPlan.for_model("auto", folder, CPU, torch.float32).scheme == "none"
+    with pytest.raises(QuantizationError, match="quantization must be one of none, int8"):
+        QuantizationPlan("auto")  # a plan holds a resolved scheme
 
 
 def test_plans_refuse_what_they_cannot_do(tmp_path: Path) -> None:
