@@ -268,7 +268,8 @@ class AsyncEngine:
                 finished = output.is_last
                 if output.error is not None:
                     raise output.error
-                yield dataclasses.replace(output, request_id=request.request_id)
+                output.request_id = request.request_id
+                yield output
         finally:
             del self._streams[internal_id]
             del self._internal_ids[request.request_id]

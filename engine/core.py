@@ -237,7 +237,7 @@ class EngineCore:
         drafts = chunk.draft_token_ids
         end = chunk.start + chunk.num_tokens - len(drafts)
         return SequenceChunk(request_id=request.request_id,
-                             token_ids=[*request.all_token_ids[chunk.start:end], *drafts],
+                             token_ids=[*request.token_ids(chunk.start, end), *drafts],
                              start=chunk.start, block_ids=request.block_table.block_ids,
                              samples=chunk.samples, all_logits=chunk.all_logits,
                              num_draft_tokens=len(drafts))
