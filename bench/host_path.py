@@ -97,6 +97,7 @@ def write_tiny_model(folder: Path) -> Path:
 
 
 def run(levels: Sequence[int], out: Path) -> int:
+    load_at_start = os.getloadavg()
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="switchboard-host-path-") as folder:
         model = write_tiny_model(Path(folder) / "model")
@@ -111,7 +112,7 @@ def run(levels: Sequence[int], out: Path) -> int:
     print()
     print(text_table(rows))
     print(f"run took {duration_s:.0f} s")
-    _write(out, rows, levels, duration_s)
+    _write(out, rows, levels, duration_s, load_at_start)
     return 0
 
 
@@ -233,8 +234,8 @@ def text_table(rows: Sequence[HostPathRow]) -> str:
     return "\n".join(lines)
 
 
-def _write(out: Path, rows: Sequence[HostPathRow], levels: Sequence[int],
-           duration_s: float) -> None:
+def _write(out: Path, rows: Sequence[HostPathRow], levels: Sequence[int], duration_s: float,
+           load_at_start: tuple[float, float, float]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     stem = out / "host-path"
     processor = _processor()
@@ -243,6 +244,8 @@ def _write(out: Path, rows: Sequence[HostPathRow], levels: Sequence[int],
         "processor": processor,
         "cpu_count": os.cpu_count(),
         "duration_s": duration_s,
+        # Other work on the machine slows every figure: its 1, 5 and 15 minute loads.
+        "load_average_at_start": list(load_at_start),
         "workload": {"levels": list(levels), "prompt_tokens": PROMPT_TOKENS,
                      "max_new_tokens": NEW_TOKENS, "ignore_eos": True, "do_sample": False,
                      "model": "random Llama, 2 layers, hidden 32, float32",
@@ -256,7 +259,8 @@ def _write(out: Path, rows: Sequence[HostPathRow], levels: Sequence[int],
     }
     stem.with_suffix(".json").write_text(json.dumps(details, indent=2) + "\n")
     stem.with_suffix(".md").write_text(
-        f"Host path, {details['timestamp']}, {processor}\n\n{text_table(rows)}\n")
+        f"Host path, {details['timestamp']}, {processor}, load average at start "
+        f"{load_at_start[0]:.1f}\n\n{text_table(rows)}\n")
     print(f"wrote {stem}.json and .md")
 
 
