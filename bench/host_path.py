@@ -9,6 +9,7 @@ is the time each generated token costs the host when nothing else does."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import platform
@@ -30,6 +31,7 @@ from bench.metrics import cpu_seconds
 from bench.workload import PARAGRAPH, PromptSource
 from switchboard.engine.async_engine import AsyncEngine
 from switchboard.engine.config import EngineConfig
+from switchboard.engine.errors import EngineError
 from switchboard.engine.params import GenerationRequest, SamplingParams
 from switchboard.process import ServerProcess
 from switchboard.proto import grpc_service_pb2_grpc as pb_grpc
@@ -123,7 +125,7 @@ async def _in_process(model: Path, levels: Sequence[int], prompts: dict[int, Pro
                                                  num_threads=ENGINE_THREADS))
     engine.start(asyncio.get_running_loop())
     await engine.wait_ready()
-    counter = iter(range(1 << 62))
+    counter = itertools.count()
 
     async def one(prompt: tuple[int, ...]) -> int:
         request = GenerationRequest(
@@ -146,7 +148,7 @@ def _through_grpc(model: Path, folder: Path, levels: Sequence[int], prompts: dic
     pki = write_dev_pki(folder / "pki")
     config = folder / "config.json"
     config.write_text(json.dumps({"maxBatchSize": MAX_BATCH_SIZE,
-                                       "engineThreads": ENGINE_THREADS}))
+                                  "engineThreads": ENGINE_THREADS}))
     server = ServerProcess("--tls-dir", str(pki.folder), "--model", str(model),
                            "--device", "cpu", "--dtype", "float32", "--config", str(config))
     try:
@@ -158,7 +160,8 @@ def _through_grpc(model: Path, folder: Path, levels: Sequence[int], prompts: dic
                 stub = pb_grpc.GRPCInferenceServiceStub(channel)
 
                 async def unary(prompt: tuple[int, ...]) -> int:
-                    response = await stub.ModelInfer(infer_request(server.model_name, prompt, NEW_TOKENS))
+                    response = await stub.ModelInfer(
+                        infer_request(server.model_name, prompt, NEW_TOKENS))
                     return len(response.raw_output_contents[0]) // 4
 
                 rows = await _levels(MODES[1], levels, prompts, warm_up, unary,
@@ -204,7 +207,7 @@ async def _closed_loop(prompts: Prompts, streams: int,
         for prompt in pending:
             try:
                 received = await one(prompt)
-            except (grpc.aio.AioRpcError, RuntimeError):
+            except (grpc.aio.AioRpcError, EngineError):
                 errors += 1
                 continue
             tokens += received
