@@ -28,13 +28,13 @@ import torch
 import transformers
 from transformers import AutoTokenizer
 
-from bench import report
+from bench import host_path, report
 from bench.baseline import Baseline
 from bench.grpc_load import run_level, secure_channel, speculation_counters
 from bench.levels import LevelResult
 from bench.llama_server import LlamaServer
+from bench.metrics import Row, cpu_seconds
 from bench.openai_load import Endpoint, mutual_tls, run_openai_level
-from bench.metrics import Row
 from bench.workload import PARAGRAPH, PromptSource
 from switchboard.engine.config import DTYPES, QUANTIZATIONS
 from switchboard.engine.loader import default_model_path, hf_folder, resolve_device, resolve_dtype
@@ -78,6 +78,8 @@ class Route:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.host_path:
+        return host_path.run(args.levels or host_path.LEVELS, args.out)
     levels = args.levels or (QUICK_LEVELS if args.quick else FULL_LEVELS)
     new_tokens = args.max_new_tokens or (QUICK_NEW_TOKENS if args.quick else FULL_NEW_TOKENS)
     if new_tokens < 2:
@@ -250,18 +252,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def cpu_seconds(server: ServerProcess) -> float:
-    """User and system CPU time the server has used so far, all its threads together."""
-    times = psutil.Process(server.process.pid).cpu_times()
-    return times.user + times.system
-
-
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("--quick", action="store_true",
                         help=f"a short smoke run: levels {','.join(map(str, QUICK_LEVELS))}, "
                              f"{QUICK_NEW_TOKENS} new tokens, results written as quick.* "
                              "instead of latest.*")
+    parser.add_argument("--host-path", action="store_true",
+                        help="the serving path's own cost per token instead: a tiny random "
+                             "model in process and through gRPC, unary and streamed "
+                             f"(levels {','.join(map(str, host_path.LEVELS))}); see "
+                             "docs/host-path.md")
     parser.add_argument("--levels", type=_levels,
                         help="comma-separated numbers of concurrent streams "
                              f"(default: {','.join(map(str, FULL_LEVELS))})")

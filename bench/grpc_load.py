@@ -56,8 +56,8 @@ async def speculation_counters(channel: grpc.aio.Channel) -> dict[str, float]:
             if sample.name.startswith(prefix) and sample.name.endswith("_total")}
 
 
-def _request(model_name: str, prompt: tuple[int, ...],
-             max_new_tokens: int) -> pb.ModelInferRequest:
+def infer_request(model_name: str, prompt: tuple[int, ...],
+                  max_new_tokens: int) -> pb.ModelInferRequest:
     request = pb.ModelInferRequest(model_name=model_name)
     request.inputs.add(name="input0", datatype="UINT32", shape=[len(prompt)])
     request.raw_input_contents.append(np.asarray(prompt, dtype="<u4").tobytes())
@@ -71,7 +71,7 @@ def _request(model_name: str, prompt: tuple[int, ...],
 async def _one_request(stub: pb_grpc.GRPCInferenceServiceStub, model_name: str,
                        prompt: tuple[int, ...], joins_running: bool, *,
                        max_new_tokens: int) -> Timing:
-    request = _request(model_name, prompt, max_new_tokens)
+    request = infer_request(model_name, prompt, max_new_tokens)
 
     async def requests() -> AsyncIterator[pb.ModelInferRequest]:
         yield request

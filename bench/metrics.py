@@ -6,6 +6,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import psutil
+
+from switchboard.process import ServerProcess
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,3 +57,9 @@ def make_row(name: str, streams: int, requests: int, errors: int, generated_toke
 
 def percentile(values: Sequence[float], q: float) -> float:
     return float(np.percentile(values, q)) if len(values) else float("nan")
+
+
+def cpu_seconds(server: ServerProcess) -> float:
+    """User and system CPU time the server has used so far, all its threads together."""
+    times = psutil.Process(server.process.pid).cpu_times()
+    return times.user + times.system

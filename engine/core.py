@@ -15,7 +15,7 @@ from typing import Protocol
 
 import torch
 
-from switchboard.engine.detokenizer import Decoder, IncrementalDetokenizer
+from switchboard.engine.detokenizer import Decoder, IncrementalDetokenizer, direct_decoder
 from switchboard.engine.errors import EngineError, GenerationFailed, RequestTimedOut
 from switchboard.engine.guided import GuideBuilder
 from switchboard.engine.params import GenerationRequest
@@ -68,7 +68,7 @@ class EngineCore:
         """guides: for requests with structured output (none may come without)."""
         self._runner = runner
         self.guides = guides
-        self._tokenizer = tokenizer
+        self._decoder = direct_decoder(tokenizer)
         self._eos_token_ids = frozenset(eos_token_ids)
         self.scheduler = scheduler
         self._requests: dict[str, Request] = {}
@@ -106,7 +106,7 @@ class EngineCore:
         request = Request(
             spec=spec,
             arrival_index=next(self._arrivals),
-            detokenizer=IncrementalDetokenizer(self._tokenizer, spec.prompt_token_ids,
+            detokenizer=IncrementalDetokenizer(self._decoder, spec.prompt_token_ids,
                                                spec.sampling.skip_special_tokens),
             generator=make_generator(spec.sampling.seed),
             guide=self.guides.guide(spec.sampling.pattern) if spec.sampling.pattern else None,
@@ -237,7 +237,7 @@ class EngineCore:
         drafts = chunk.draft_token_ids
         end = chunk.start + chunk.num_tokens - len(drafts)
         return SequenceChunk(request_id=request.request_id,
-                             token_ids=[*request.all_token_ids[chunk.start:end], *drafts],
+                             token_ids=[*request.token_ids(chunk.start, end), *drafts],
                              start=chunk.start, block_ids=request.block_table.block_ids,
                              samples=chunk.samples, all_logits=chunk.all_logits,
                              num_draft_tokens=len(drafts))

@@ -11,12 +11,29 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+from transformers import PreTrainedTokenizerBase
+from transformers.tokenization_utils_tokenizers import TokenizersBackend
+
 REPLACEMENT_CHAR = "\ufffd"
 CONTEXT_TOKENS = 4
 
 
 class Decoder(Protocol):
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = ...) -> str: ...
+
+
+def direct_decoder(tokenizer: Decoder) -> Decoder:
+    """The `tokenizers` tokenizer under a transformers one where its decode gives the same
+    text (no clean-up of spaces, no decode of the class's own), else `tokenizer`: the
+    wrapper converts and checks its arguments at every call, four times the work of decoding
+    a few tokens, twice per token and stream."""
+    kind = type(tokenizer)
+    if (isinstance(tokenizer, TokenizersBackend)
+            and kind.decode is PreTrainedTokenizerBase.decode
+            and kind._decode is TokenizersBackend._decode
+            and not tokenizer.clean_up_tokenization_spaces):
+        return tokenizer.backend_tokenizer
+    return tokenizer
 
 
 class IncrementalDetokenizer:

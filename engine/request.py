@@ -1,5 +1,5 @@
 """A request's life inside the engine (`Request`, owned by the core) and what leaves it
-(`RequestOutput`, immutable)."""
+(`RequestOutput`, one object for each event and consumer)."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ class TokenLogprob:
     top: tuple[tuple[int, float], ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class RequestTimings:
     """Per-request timings (seconds): MindIE's perf_stat material.
 
@@ -64,9 +64,12 @@ class RequestTimings:
     batch_size: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class RequestOutput:
-    """One step's news for one request: new tokens and the text they completed.
+    """One step's news for one request: new tokens and the text they completed. Each goes to
+    one consumer, which may name it by its own request id; not frozen, since a frozen
+    dataclass's fields are set one `object.__setattr__` at a time, and the engine builds one
+    of these and one RequestTimings for every request at every step.
 
     The last event of a request has `finish_reason` set, or `error` when it ended badly.
     `index` tells the sequences of an n > 1 request apart. `prompt_logprobs`, when asked for,
@@ -139,6 +142,14 @@ class Request:
         """Prompt and generated tokens: what the KV cache must hold (a preempted request
         recomputes them all)."""
         return [*self.spec.prompt_token_ids, *self.output_token_ids]
+
+    def token_ids(self, start: int, stop: int) -> list[int]:
+        """all_token_ids[start:stop], without copying the rest: a decoding step wants only
+        the newest token."""
+        prompt = self.spec.prompt_token_ids
+        if start >= len(prompt):
+            return self.output_token_ids[start - len(prompt):stop - len(prompt)]
+        return [*prompt[start:stop], *self.output_token_ids[:max(0, stop - len(prompt))]]
 
     @property
     def num_tokens(self) -> int:
