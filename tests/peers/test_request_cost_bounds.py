@@ -106,11 +106,13 @@ def seconds_to_first_token(business: str, client_files) -> float:
 
 
 def test_a_request_for_many_sequences_leaves_slots_for_others(service, client_files) -> None:
+    """Before the share, the canary waited for a slot until an attacker's sequence ended; now
+    it runs beside them, its first token as soon as idle give or take the bigger steps (idle
+    is measured before and after the attack, the machine's load changing meanwhile)."""
     _, gateway = service
     business = gateway.url("business")
     seconds_to_first_token(business, client_files)  # warm
-    idle = statistics.median(seconds_to_first_token(business, client_files)
-                             for _ in range(NUM_CANARIES))
+    idle = [seconds_to_first_token(business, client_files) for _ in range(NUM_CANARIES)]
     greedy = {"prompt": "Tell me a story.", "n": 100, "max_tokens": 400, "ignore_eos": True,
               "temperature": 1.0}
     attackers = [stream_completion(business, client_files, greedy) for _ in range(2)]
@@ -119,8 +121,8 @@ def test_a_request_for_many_sequences_leaves_slots_for_others(service, client_fi
             first_token(attacker)  # running
         slots = slot_count(gateway, client_files)
         assert slots["free_slots"] >= slots["total_slots"] - 2 * SLOTS_PER_REQUEST, slots
-        beside = seconds_to_first_token(business, client_files)
-        assert beside <= max(2.0, 2 * idle), (idle, beside)
+        beside = statistics.median(seconds_to_first_token(business, client_files)
+                                   for _ in range(NUM_CANARIES))
     finally:
         for attacker in attackers:
             attacker.close()
@@ -128,3 +130,5 @@ def test_a_request_for_many_sequences_leaves_slots_for_others(service, client_fi
     _, waited = poll(lambda: slot_count(gateway, client_files)["free_slots"],
                      lambda free: free == total, deadline_s=10)
     assert waited <= 10
+    idle += [seconds_to_first_token(business, client_files) for _ in range(NUM_CANARIES)]
+    assert beside <= max(2.0, 2 * statistics.median(idle)), (idle, beside)
