@@ -14,24 +14,26 @@ import dataclasses
 import itertools
 import logging
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 import torch
+from outlines_core import Guide
 
 from switchboard.engine.block_manager import BlockManager
 from switchboard.engine.chat import ChatPrompt, render_chat
 from switchboard.engine.chat_output import OutputParsers
-from switchboard.engine.config import EngineConfig, EngineLimits
+from switchboard.engine.config import MAX_SEQUENCES, EngineConfig, EngineLimits
 from switchboard.engine.core import EngineCore, EngineStats
-from switchboard.engine.errors import EngineDead, InvalidRequest, Overloaded
+from switchboard.engine.errors import EngineDead, InvalidRequest, Overloaded, RequestTimedOut
 from switchboard.engine.fanout import generate_many
 from switchboard.engine.guided import GuideBuilder
 from switchboard.engine.loader import LoadedModel, load_model
 from switchboard.engine.measured_choice import limit_onednn_caches
 from switchboard.engine.paged_runner import PagedRunner, kv_bytes_per_token
 from switchboard.engine.scheduler import Scheduler
-from switchboard.engine.params import GenerationRequest
+from switchboard.engine.params import GenerationRequest, time_left
 from switchboard.engine.quantization import dense_copy_for
 from switchboard.engine.request import RequestOutput
 from switchboard.engine.timing_store import TimingStore
@@ -85,9 +87,14 @@ class _OutputStream:
 class AsyncEngine:
     def __init__(self, core: EngineCore, tokenizer: object, limits: EngineLimits, info: ModelInfo,
                  max_unfinished: int, num_threads: int = 0,
-                 warm_up: Callable[[], None] | None = None) -> None:
-        """warm_up: run on the engine's thread before its first step (see `wait_ready`)."""
+                 warm_up: Callable[[], None] | None = None, guides: GuideBuilder | None = None,
+                 slots_per_request: int = MAX_SEQUENCES) -> None:
+        """warm_up: run on the engine's thread before its first step (see `wait_ready`);
+        guides: for requests with structured output (none may come without);
+        slots_per_request: the most sequences of one request that run at once."""
         self._core = core
+        self._guides = guides
+        self._slots_per_request = slots_per_request
         self._warm_up = warm_up
         self._tokenizer = tokenizer
         self.limits = limits
@@ -160,9 +167,10 @@ class AsyncEngine:
                               max_prefill_tokens=config.max_prefill_tokens,
                               num_speculative_tokens=speculate,
                               speculative_max_batch=config.speculative_max_batch)
-        core = EngineCore(runner, loaded.tokenizer, loaded.eos_token_ids, scheduler,
-                          GuideBuilder.for_tokenizer(loaded.tokenizer,
-                                                     loaded.tokenizer.eos_token_id))
+        core = EngineCore(runner, loaded.tokenizer, loaded.eos_token_ids, scheduler)
+        guides = GuideBuilder.for_tokenizer(loaded.tokenizer, loaded.tokenizer.eos_token_id,
+                                            limits=config.compile_limits(),
+                                            cache_bytes=config.guided_cache_bytes())
         limits = EngineLimits.from_config(config, vocab_size=loaded.vocab_size,
                                           max_position_embeddings=loaded.max_position_embeddings,
                                           kv_capacity_tokens=num_blocks * config.block_size)
@@ -181,7 +189,8 @@ class AsyncEngine:
                              reasoning_parser=config.reasoning_parser))
         return cls(core, loaded.tokenizer, limits, info,
                    max_unfinished=config.max_batch_size + config.max_queue_len,
-                   num_threads=config.num_threads, warm_up=runner.warm_up)
+                   num_threads=config.num_threads, warm_up=runner.warm_up, guides=guides,
+                   slots_per_request=config.slots_per_request())
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -248,21 +257,21 @@ class AsyncEngine:
         the iteration early (cancellation, closing) aborts the request.
         """
         if request.sampling.best_of > 1:
-            return generate_many(self._generate_one, request)
+            return generate_many(self._generate_one, request, self._slots_per_request)
         return self._generate_one(request)
 
-    async def _generate_one(self, request: GenerationRequest) -> AsyncIterator[RequestOutput]:
+    async def _generate_one(self, request: GenerationRequest, admitted: bool = False
+                            ) -> AsyncIterator[RequestOutput]:
+        """admitted: a later sequence of an admitted request (see `fanout.py`), which the
+        in-flight limit does not refuse."""
         pattern = request.sampling.pattern
-        if pattern is not None:
-            if self._core.guides is None:
-                raise InvalidRequest(pattern.field, "structured output is not available")
-            # Compiling a pattern can take seconds: not on the engine's thread.
-            await asyncio.to_thread(self._core.guides.prepare, pattern)
+        if pattern is not None and self._guides is None:
+            raise InvalidRequest(pattern.field, "structured output is not available")
         if not self.is_healthy:
             raise EngineDead("the engine is not running")
         if request.request_id in self._internal_ids:
             raise InvalidRequest("id", f"request id {request.request_id!r} is already in use")
-        if not request.probe \
+        if not (request.probe or admitted) \
                 and len(self._streams) - self._num_probe_streams >= self._max_unfinished:
             raise Overloaded(f"too many requests in flight ({self._max_unfinished}); retry later")
         internal_id = f"{request.request_id}#{next(self._counter)}"
@@ -270,10 +279,13 @@ class AsyncEngine:
         self._streams[internal_id] = stream
         self._num_probe_streams += request.probe
         self._internal_ids[request.request_id] = internal_id
-        internal_request = dataclasses.replace(request, request_id=internal_id)
-        self._submit(lambda core: core.add(internal_request))
         finished = False
         try:
+            guide = None
+            if pattern is not None:
+                guide, request = await self._guide(request)
+            internal_request = dataclasses.replace(request, request_id=internal_id)
+            self._submit(lambda core: core.add(internal_request, guide))
             while not finished:
                 output = await stream.get()
                 finished = output.is_last
@@ -287,6 +299,18 @@ class AsyncEngine:
             del self._internal_ids[request.request_id]
             if not finished:
                 self._submit(lambda core: core.abort(internal_id))
+
+    async def _guide(self, request: GenerationRequest) -> tuple[Guide, GenerationRequest]:
+        """An admitted request's guide, its pattern compiled within the request's timeout (a
+        compile is bounded, its wait for a turn is not), and the request with what is left
+        of its timeout."""
+        arrival = time.monotonic()
+        try:
+            async with asyncio.timeout(request.timeout_s):
+                guide = await self._guides.guide(request.sampling.pattern)
+        except TimeoutError:
+            raise RequestTimedOut.after(request.timeout_s) from None
+        return guide, time_left(request, arrival)
 
     def abort(self, request_id: str) -> None:
         """Abort a request, and the sequences of an n / best_of request: they emit nothing more."""

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import logging
-
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from switchboard.engine.index_compiler import CompileLimits
 from switchboard.engine.reasoning import REASONING_PARSERS
 from switchboard.engine.tool_parsers import TOOL_CALL_PARSERS
 
@@ -20,6 +21,18 @@ QUANTIZATION_SCHEMES = ("none", "int8", "int4", "gguf")
 QUANTIZATIONS = ("auto", *QUANTIZATION_SCHEMES)
 CPU_STEP_TOKENS = 128
 ACCELERATOR_STEP_TOKENS = 2048
+# OpenAI's own bound on n, which the gateway's OpenAPI document states.
+MAX_SEQUENCES = 128
+# The structured-output cache by default: this share of the machine's memory, within bounds.
+GUIDED_CACHE_SHARE = 64
+GUIDED_CACHE_MIB_RANGE = (64, 1024)
+# A compiling process's own needs (Python, outlines-core, the vocabulary) take ~30 MiB; a
+# generic JSON object's index over a 49k vocabulary takes ~230 MiB to compile.
+MIN_GUIDED_COMPILE_MIB = 64
+DEFAULT_GUIDED_COMPILE_MIB = 512
+DEFAULT_GUIDED_COMPILE_CPU_SECONDS = 60
+# The slots one request may hold by default: this share of maxBatchSize.
+SLOTS_PER_REQUEST_SHARE = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +94,25 @@ class EngineConfig:
     tool_call_parser: str | None = None
     enable_auto_tool_choice: bool = False
     reasoning_parser: str | None = None
+    guided_cache_mib: int = 0
+    guided_compile_mib: int = DEFAULT_GUIDED_COMPILE_MIB
+    guided_compile_cpu_seconds: int = DEFAULT_GUIDED_COMPILE_CPU_SECONDS
+    max_best_of: int = MAX_SEQUENCES
+    max_slots_per_request: int = 0
+
+    def guided_cache_bytes(self) -> int:
+        if self.guided_cache_mib:
+            return self.guided_cache_mib * 2**20
+        machine = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        low, high = GUIDED_CACHE_MIB_RANGE
+        return min(max(machine // GUIDED_CACHE_SHARE, low * 2**20), high * 2**20)
+
+    def compile_limits(self) -> CompileLimits:
+        return CompileLimits(memory_bytes=self.guided_compile_mib * 2**20,
+                             cpu_seconds=self.guided_compile_cpu_seconds)
+
+    def slots_per_request(self) -> int:
+        return self.max_slots_per_request or max(1, self.max_batch_size // SLOTS_PER_REQUEST_SHARE)
 
     def step_token_budget(self, device_type: str) -> int:
         """Prompt tokens per step. On a CPU a step's time grows with its tokens, so the chunk
@@ -102,12 +134,14 @@ class EngineConfig:
             raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}; "
                              f"got {self.quantization!r}")
         for name in ("max_seq_len", "max_input_token_len", "max_iter_times", "max_batch_size",
-                     "max_prefill_tokens", "block_size", "kv_cache_mib"):
+                     "max_prefill_tokens", "block_size", "kv_cache_mib",
+                     "guided_compile_mib", "guided_compile_cpu_seconds", "max_best_of"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer; got {value!r}")
         for name in ("max_queue_len", "num_kv_blocks", "num_threads", "max_batched_tokens",
-                     "num_speculative_tokens", "speculative_max_batch"):
+                     "num_speculative_tokens", "speculative_max_batch", "guided_cache_mib",
+                     "max_slots_per_request"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be a non-negative integer; got {value!r}")
@@ -118,6 +152,16 @@ class EngineConfig:
                 raise ValueError(f"{name} must be one of {', '.join(known)}; got {value!r}")
         if self.enable_auto_tool_choice and self.tool_call_parser is None:
             raise ValueError("enable_auto_tool_choice needs a tool_call_parser")
+        if self.guided_compile_mib < MIN_GUIDED_COMPILE_MIB:
+            raise ValueError(f"guided_compile_mib must be at least {MIN_GUIDED_COMPILE_MIB} "
+                             f"(the compiling process needs some itself); got "
+                             f"{self.guided_compile_mib}")
+        if self.max_best_of > MAX_SEQUENCES:
+            raise ValueError(f"max_best_of must be at most {MAX_SEQUENCES}; got "
+                             f"{self.max_best_of}")
+        if self.max_slots_per_request > self.max_batch_size:
+            raise ValueError(f"max_slots_per_request ({self.max_slots_per_request}) must not "
+                             f"exceed max_batch_size ({self.max_batch_size})")
         if self.max_iter_times > self.max_seq_len:
             raise ValueError(f"max_iter_times ({self.max_iter_times}) must not exceed "
                              f"max_seq_len ({self.max_seq_len})")
@@ -129,13 +173,15 @@ class EngineLimits:
 
     max_seq_len is the configured maxSeqLen capped by the model's position embeddings;
     max_input_len is maxInputTokenLen capped so at least one token can be generated; both
-    are capped by the KV cache pool's capacity.
+    are capped by the KV cache pool's capacity. max_best_of: the most sequences one request
+    may ask for (n, best_of).
     """
 
     vocab_size: int
     max_seq_len: int
     max_input_len: int
     max_iter_times: int
+    max_best_of: int = MAX_SEQUENCES
 
     @classmethod
     def from_config(cls, config: EngineConfig, *, vocab_size: int, max_position_embeddings: int,
@@ -159,4 +205,5 @@ class EngineLimits:
             max_seq_len=max_seq_len,
             max_input_len=min(config.max_input_token_len, max_seq_len - 1),
             max_iter_times=min(config.max_iter_times, max_seq_len),
+            max_best_of=config.max_best_of,
         )

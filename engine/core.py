@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import torch
+from outlines_core import Guide
 
 from switchboard.engine.detokenizer import Decoder, IncrementalDetokenizer, direct_decoder
 from switchboard.engine.errors import EngineError, GenerationFailed, RequestTimedOut
-from switchboard.engine.guided import GuideBuilder
 from switchboard.engine.params import GenerationRequest
 from switchboard.engine.paged_runner import SequenceChunk
 from switchboard.engine.request import (FinishReason, Request, RequestOutput, RequestStatus, RequestTimings,
@@ -64,10 +64,8 @@ class ModelRunner(Protocol):
 
 class EngineCore:
     def __init__(self, runner: ModelRunner, tokenizer: Decoder, eos_token_ids: Collection[int],
-                 scheduler: Scheduler, guides: GuideBuilder | None = None) -> None:
-        """guides: for requests with structured output (none may come without)."""
+                 scheduler: Scheduler) -> None:
         self._runner = runner
-        self.guides = guides
         self._decoder = direct_decoder(tokenizer)
         self._eos_token_ids = frozenset(eos_token_ids)
         self.scheduler = scheduler
@@ -102,14 +100,15 @@ class EngineCore:
     def has_work(self) -> bool:
         return bool(self._requests)
 
-    def add(self, spec: GenerationRequest) -> None:
+    def add(self, spec: GenerationRequest, guide: Guide | None = None) -> None:
+        """guide: the request's structured output, for one with a pattern (see `guided.py`)."""
         request = Request(
             spec=spec,
             arrival_index=next(self._arrivals),
             detokenizer=IncrementalDetokenizer(self._decoder, spec.prompt_token_ids,
                                                spec.sampling.skip_special_tokens),
             generator=make_generator(spec.sampling.seed),
-            guide=self.guides.guide(spec.sampling.pattern) if spec.sampling.pattern else None,
+            guide=guide,
         )
         self._requests[spec.request_id] = request
         self.scheduler.add(request)
@@ -292,8 +291,7 @@ class EngineCore:
         for request in expired:
             self._finish(request, RequestStatus.FINISHED_TIMED_OUT)
             logger.info("request %s timed out after %ss", request.request_id, request.spec.timeout_s)
-        return [self._error_output(r, RequestTimedOut(
-            f"request timed out after {r.spec.timeout_s:g} s")) for r in expired]
+        return [self._error_output(r, RequestTimedOut.after(r.spec.timeout_s)) for r in expired]
 
     def _fail(self, request: Request) -> RequestOutput:
         self._finish(request, RequestStatus.FINISHED_FAILED)

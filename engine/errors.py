@@ -35,6 +35,10 @@ class NotFound(EngineError):
 class RequestTimedOut(EngineError):
     """The request's own timeout passed before it finished."""
 
+    @classmethod
+    def after(cls, timeout_s: float) -> RequestTimedOut:
+        return cls(f"request timed out after {timeout_s:g} s")
+
 
 class EngineDead(EngineError):
     """The engine is not running (not loaded yet, stopped, or failed)."""

@@ -9,6 +9,12 @@ The prompt's log-probabilities, when asked for, are computed by child 0 alone an
 request's first event: with best_of == n the other children's events wait for child 0's first
 (a cached prompt can let them start a step or more before it); ranked, they move to the best
 sequence's first event, child 0 being ranked or not.
+
+At most `max_running` children run at once (maxSlotsPerRequest): the next starts as one ends,
+with what is left of the request's timeout, so that one request's sequences never hold every
+slot of the batch while other requests wait. vLLM schedules all of a request's sequences
+as they come, TGI refuses a best_of over its --max-best-of; here a request up to maxBestOf is
+served in full, its sequences past its share of the slots taking their turn.
 """
 
 from __future__ import annotations
@@ -16,26 +22,30 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable
 
-from switchboard.engine.params import GenerationRequest
+from switchboard.engine.params import GenerationRequest, time_left
 from switchboard.engine.request import RequestOutput
 from switchboard.engine.validation import UINT64_MAX
 
-GenerateOne = Callable[[GenerationRequest], AsyncIterator[RequestOutput]]
+# (child, admitted): a child started after the first `max_running` belongs to a request
+# already admitted, and takes its turn whatever has come since.
+GenerateOne = Callable[[GenerationRequest, bool], AsyncIterator[RequestOutput]]
 
 
-async def generate_many(generate_one: GenerateOne, request: GenerationRequest
-                        ) -> AsyncIterator[RequestOutput]:
+async def generate_many(generate_one: GenerateOne, request: GenerationRequest,
+                        max_running: int) -> AsyncIterator[RequestOutput]:
     sampling = request.sampling
     ranked = sampling.best_of > sampling.n
     children = [_child(request, index, ranked) for index in range(sampling.best_of)]
     inbox: asyncio.Queue[tuple[int, RequestOutput | Exception | None]] = asyncio.Queue()
+    arrival = time.monotonic()
 
     async def pump(index: int, child: GenerationRequest) -> None:
         try:
-            async with contextlib.aclosing(generate_one(child)) as events:
+            async with contextlib.aclosing(generate_one(child, index >= max_running)) as events:
                 async for event in events:
                     inbox.put_nowait((index, event))
         except Exception as error:
@@ -43,12 +53,20 @@ async def generate_many(generate_one: GenerateOne, request: GenerationRequest
         else:
             inbox.put_nowait((index, None))
 
-    tasks = [asyncio.create_task(pump(index, child)) for index, child in enumerate(children)]
+    tasks: list[asyncio.Task[None]] = []
+
+    def start_next() -> None:
+        if len(tasks) < len(children):
+            child = time_left(children[len(tasks)], arrival)
+            tasks.append(asyncio.create_task(pump(len(tasks), child)))
+
     kept: dict[int, list[RequestOutput]] = defaultdict(list)
     # Events waiting for child 0's first or its end (None: none wait).
     held: list[tuple[int, RequestOutput]] | None = \
         [] if sampling.prompt_logprobs and not ranked else None
     try:
+        for _ in range(max_running):
+            start_next()
         remaining = len(children)
         while remaining:
             index, item = await inbox.get()
@@ -56,6 +74,7 @@ async def generate_many(generate_one: GenerateOne, request: GenerationRequest
                 raise item
             if item is None:
                 remaining -= 1
+                start_next()
             elif ranked:
                 kept[index].append(item)
             elif held is not None and index != 0:

@@ -3,28 +3,33 @@ schema, from a list of choices, or given) by letting it choose, at each step, on
 can continue a match: outlines-core's index of the expression over the vocabulary, and a
 guide per request that follows the tokens chosen.
 
-Compiling an index takes milliseconds for a typical schema and seconds for a generic JSON
-object over a 49k vocabulary, so `GuideBuilder.prepare` compiles outside the engine's step
-loop and keeps the indexes of recent expressions.
+Compiling an index takes milliseconds for a typical schema, seconds for a generic JSON object
+over a 49k vocabulary, and without bounds as much memory and time as a short pattern asks
+for: `GuideBuilder` compiles in bounded processes (see `index_compiler.py`), after the request
+has been admitted, and keeps recent indexes within a budget of bytes.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import pickle
 import re
-import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 
 import torch
-from outlines_core import Guide, Index, Vocabulary
+from outlines_core import Guide, Index
 from outlines_core.json_schema import build_regex_from_schema
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from switchboard.engine.errors import InvalidRequest
+from switchboard.engine.index_compiler import CompileLimits, CompileRefused, compile_index
 from switchboard.engine.params import OutputPattern
 
-CACHED_INDEXES = 64
+# Compiles at once; each takes a core at most, at a low priority (see index_compiler.py).
+NUM_COMPILERS = 2
 # SentencePiece's byte tokens and word-start mark.
 BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 WORD_START = "\u2581"
@@ -58,47 +63,82 @@ def choice_pattern(field: str, choices: Iterable[str]) -> OutputPattern:
 class GuideBuilder:
     """Guides for one model's vocabulary: `vocabulary` gives, once needed, each non-special
     token's bytes and ids; `eos_token_id` is the token a guide allows once a match is
-    complete."""
+    complete. Indexes are compiled by `index_compiler` within `limits`, at most
+    `num_compilers` at once (the others wait their turn), one compile for all the requests
+    that wait for the same expression; the most recently used are kept while their
+    serialized sizes add up to at most `cache_bytes`."""
 
-    def __init__(self, vocabulary: Callable[[], Mapping[bytes, list[int]]],
-                 eos_token_id: int) -> None:
+    def __init__(self, vocabulary: Callable[[], Mapping[bytes, list[int]]], eos_token_id: int,
+                 *, limits: CompileLimits, cache_bytes: int,
+                 num_compilers: int = NUM_COMPILERS) -> None:
         self._read_vocabulary = vocabulary
         self._eos_token_id = eos_token_id
-        self._vocabulary: Vocabulary | None = None
-        self._indexes: OrderedDict[str, Index] = OrderedDict()
-        self._lock = threading.Lock()  # prepare runs in worker threads, guide in the engine's
+        self._vocabulary: bytes | None = None
+        self._limits = limits
+        self._cache_bytes = cache_bytes
+        self._indexes: OrderedDict[str, tuple[Index, int]] = OrderedDict()
+        self._compiling: dict[str, _Compiling] = {}
+        self._turns = asyncio.Semaphore(num_compilers)
 
     @classmethod
-    def for_tokenizer(cls, tokenizer: object, eos_token_id: int) -> GuideBuilder:
-        return cls(lambda: token_bytes(tokenizer), eos_token_id)
+    def for_tokenizer(cls, tokenizer: object, eos_token_id: int, *, limits: CompileLimits,
+                      cache_bytes: int) -> GuideBuilder:
+        return cls(lambda: token_bytes(tokenizer), eos_token_id, limits=limits,
+                   cache_bytes=cache_bytes)
 
-    def prepare(self, pattern: OutputPattern) -> None:
-        """Compile the pattern's index now (slow: call it off the engine's thread); raise
-        InvalidRequest naming the pattern's field if it cannot be followed."""
-        self._index(pattern)
+    @property
+    def num_cached_bytes(self) -> int:
+        return sum(size for _, size in self._indexes.values())
 
-    def guide(self, pattern: OutputPattern) -> Guide:
-        return Guide(self._index(pattern))
-
-    def _index(self, pattern: OutputPattern) -> Index:
-        with self._lock:
-            index = self._indexes.get(pattern.regex)
-            if index is not None:
-                self._indexes.move_to_end(pattern.regex)
-                return index
-            if self._vocabulary is None:
-                self._vocabulary = Vocabulary(self._eos_token_id, dict(self._read_vocabulary()))
-            vocabulary = self._vocabulary
+    async def guide(self, pattern: OutputPattern) -> Guide:
+        """A new guide for the pattern. Raises InvalidRequest naming the pattern's field if
+        it cannot be followed, or not within the compile limits. Leaving the call abandons
+        the compile unless other requests still wait for it."""
+        cached = self._indexes.get(pattern.regex)
+        if cached is not None:
+            self._indexes.move_to_end(pattern.regex)
+            return Guide(cached[0])
+        compiling = self._compiling.get(pattern.regex)
+        if compiling is None:
+            compiling = _Compiling(asyncio.create_task(self._compile(pattern.regex)))
+            self._compiling[pattern.regex] = compiling
+        compiling.num_waiting += 1
         try:
-            index = Index(pattern.regex, vocabulary)
-        except ValueError as error:
-            raise InvalidRequest(pattern.field, f"cannot be followed with this model's "
-                                 f"vocabulary: {error}") from None
-        with self._lock:
-            self._indexes[pattern.regex] = index
-            while len(self._indexes) > CACHED_INDEXES:
-                self._indexes.popitem(last=False)
+            return Guide(await asyncio.shield(compiling.task))
+        except CompileRefused as refusal:
+            raise InvalidRequest(pattern.field, refusal.reason) from None
+        finally:
+            compiling.num_waiting -= 1
+            if not compiling.num_waiting:
+                compiling.task.cancel()  # kills its process, if it still runs
+                del self._compiling[pattern.regex]
+
+    async def _compile(self, regex: str) -> Index:
+        async with self._turns:
+            if self._vocabulary is None:  # reading a tokenizer's takes a moment: not on the loop
+                self._vocabulary = await asyncio.to_thread(
+                    lambda: pickle.dumps((self._eos_token_id, dict(self._read_vocabulary()))))
+            serialized = await compile_index(regex, self._vocabulary, self._limits)
+        index = await asyncio.to_thread(Index.from_binary, serialized)
+        self._keep(regex, index, len(serialized))
         return index
+
+    def _keep(self, regex: str, index: Index, size: int) -> None:
+        """Cache the index, evicting the least recently used; one larger than the whole
+        cache is used by its requests and not kept."""
+        if size > self._cache_bytes:
+            return
+        self._indexes[regex] = (index, size)
+        while self.num_cached_bytes > self._cache_bytes:
+            self._indexes.popitem(last=False)
+
+
+@dataclass(slots=True)
+class _Compiling:
+    """A compile in progress, and how many requests wait for it."""
+
+    task: asyncio.Task[Index]
+    num_waiting: int = 0
 
 
 def token_bytes(tokenizer: object) -> dict[bytes, list[int]]:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from dataclasses import dataclass
+
+from switchboard.engine.errors import RequestTimedOut
 
 DEFAULT_PRIORITY = 5
 DEFAULT_TIMEOUT_S = 600.0
@@ -80,3 +84,12 @@ class GenerationRequest:
     priority: int = DEFAULT_PRIORITY
     timeout_s: float = DEFAULT_TIMEOUT_S
     probe: bool = False
+
+
+def time_left(request: GenerationRequest, since: float) -> GenerationRequest:
+    """The request to start now, having come at `since` (monotonic): its timeout less the time
+    it has waited. Raises RequestTimedOut when none is left."""
+    left = request.timeout_s - (time.monotonic() - since)
+    if left <= 0:
+        raise RequestTimedOut.after(request.timeout_s)
+    return dataclasses.replace(request, timeout_s=left)

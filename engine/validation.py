@@ -15,7 +15,7 @@ import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from switchboard.engine.config import EngineLimits
+from switchboard.engine.config import MAX_SEQUENCES, EngineLimits
 from switchboard.engine.errors import InvalidRequest, PromptTooLong
 from switchboard.engine.guided import choice_pattern, json_schema_pattern
 from switchboard.engine.params import (DEFAULT_PRIORITY, DEFAULT_TIMEOUT_S, GenerationRequest, OutputPattern,
@@ -27,7 +27,6 @@ MAX_STOP_SEQUENCES = 16
 DEFAULT_MAX_NEW_TOKENS = 20
 MAX_TIMEOUT_S = 3600.0
 MAX_TOP_LOGPROBS = 20
-MAX_SEQUENCES = 128
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +70,7 @@ INT_RANGES: dict[str, Interval] = {
     "priority": Interval(1, 5),
     "min_new_tokens": Interval(0, INT32_MAX),
     "top_logprobs": Interval(0, MAX_TOP_LOGPROBS),
-    "n": Interval(1, MAX_SEQUENCES),
+    "n": Interval(1, MAX_SEQUENCES),  # and at most the configured maxBestOf (limits)
     "best_of": Interval(1, MAX_SEQUENCES),
     "truncate": Interval(1, INT32_MAX),
     "batch_size": Interval(1, INT32_MAX),  # MindIE's; checked, without effect (below)
@@ -118,6 +117,10 @@ def build_request(request_id: str, prompt_token_ids: Sequence[int],
     bools = {name: _bool(parameters, name) for name in BOOL_PARAMS}
     if ints["top_logprobs"] and not bools["logprobs"]:
         raise InvalidRequest("top_logprobs", "needs logprobs set to true")
+    for name in ("n", "best_of"):
+        if (ints[name] or 0) > limits.max_best_of:
+            raise InvalidRequest(name, f"must be at most {limits.max_best_of} on this server "
+                                 f"(maxBestOf); got {ints[name]}")
     n = ints["n"] or 1
     best_of = ints["best_of"] or n
     if best_of < n:

@@ -61,6 +61,11 @@ CONFIG_KEYS = {
     "enforceEager": "enforce_eager",
     "numSpeculativeTokens": "num_speculative_tokens",
     "speculativeMaxBatch": "speculative_max_batch",
+    "maxBestOf": "max_best_of",
+    "maxSlotsPerRequest": "max_slots_per_request",
+    "guidedCompileMiB": "guided_compile_mib",
+    "guidedCompileCpuSeconds": "guided_compile_cpu_seconds",
+    "guidedCacheMiB": "guided_cache_mib",
     "cacheDir": "cache_dir",
     "allowAllZeroIpListening": "allow_all_zero_ip_listening",
 }

@@ -4,7 +4,7 @@ statistics."""
 from __future__ import annotations
 
 from switchboard.engine.protocol import EngineClient
-from switchboard.engine.validation import MAX_SEQUENCES, MAX_STOP_SEQUENCES, MAX_TOP_LOGPROBS
+from switchboard.engine.validation import MAX_STOP_SEQUENCES, MAX_TOP_LOGPROBS
 from switchboard.proto import grpc_service_pb2 as pb
 from switchboard.proto import model_config_pb2 as mc
 from switchboard.proto.vllm_backend_tensors import CONTROL_INPUTS, EXTRA_OUTPUTS
@@ -72,7 +72,7 @@ def model_config(model_name: str, engine: EngineClient | None) -> pb.ModelConfig
                            ("max_input_len", limits.max_input_len),
                            ("max_iter_times", limits.max_iter_times),
                            ("vocab_size", limits.vocab_size),
-                           ("max_sequences", MAX_SEQUENCES),
+                           ("max_sequences", limits.max_best_of),
                            ("max_stop_sequences", MAX_STOP_SEQUENCES),
                            ("max_top_logprobs", MAX_TOP_LOGPROBS),
                            ("max_running_requests", info.max_batch_size),

@@ -17,7 +17,10 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from switchboard.engine.config import DEVICES, DTYPES, QUANTIZATIONS, EngineConfig
+from switchboard.engine.config import (DEFAULT_GUIDED_COMPILE_CPU_SECONDS,
+                                       DEFAULT_GUIDED_COMPILE_MIB, DEVICES, DTYPES,
+                                       GUIDED_CACHE_MIB_RANGE, GUIDED_CACHE_SHARE, MAX_SEQUENCES,
+                                       QUANTIZATIONS, SLOTS_PER_REQUEST_SHARE, EngineConfig)
 from switchboard.engine.reasoning import REASONING_PARSERS
 from switchboard.engine.tool_parsers import TOOL_CALL_PARSERS
 from switchboard.gateway.config import (DEFAULT_BUSINESS_PORT, DEFAULT_CLIENT_TIMEOUT_S, DEFAULT_HTTP_HOST,
@@ -46,7 +49,9 @@ SERVER_FLAGS = frozenset({"model", "model_name", "device", "dtype", "quantizatio
                           "grpc_port", "cache_dir", "tls_crl", "enforce_eager",
                           "num_speculative_tokens", "allow_insecure_non_loopback",
                           "management_identities", "chat_template", "tool_call_parser",
-                          "enable_auto_tool_choice", "reasoning_parser"})
+                          "enable_auto_tool_choice", "reasoning_parser", "guided_cache_mib",
+                          "guided_compile_mib", "guided_compile_cpu_seconds", "max_best_of",
+                          "max_slots_per_request"})
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -151,6 +156,23 @@ def _add_server_arguments(parser: argparse.ArgumentParser) -> dict[str, str]:
     add("--reasoning-parser", choices=list(REASONING_PARSERS),
         help="split the model's thinking (<think>...</think>) into reasoning_content "
              "(vLLM's flag)")
+    add("--max-best-of", type=int, metavar="N",
+        help=f"the most sequences one request may ask for (n, best_of); default: "
+             f"{MAX_SEQUENCES}, at most {MAX_SEQUENCES}")
+    add("--max-slots-per-request", type=int, metavar="N",
+        help="the most of one request's sequences that run at once, of maxBatchSize slots; "
+             f"the others start as those end (default: 1/{SLOTS_PER_REQUEST_SHARE} of "
+             "maxBatchSize)")
+    add("--guided-compile-mib", type=int, metavar="MIB",
+        help="memory one structured-output pattern may take to compile; past it the "
+             f"pattern is refused (default: {DEFAULT_GUIDED_COMPILE_MIB})")
+    add("--guided-compile-cpu-seconds", type=int, metavar="S",
+        help="CPU time one structured-output pattern may take to compile; past it the "
+             f"pattern is refused (default: {DEFAULT_GUIDED_COMPILE_CPU_SECONDS})")
+    add("--guided-cache-mib", type=int, metavar="MIB",
+        help="compiled structured-output patterns kept for reuse, in MiB (default: "
+             f"1/{GUIDED_CACHE_SHARE} of the machine's memory, within "
+             f"{'-'.join(map(str, GUIDED_CACHE_MIB_RANGE))})")
     add("--grpc-host", help=f"default: {DEFAULT_GRPC_HOST}")
     add("--grpc-port", type=int, help=f"default: {DEFAULT_GRPC_PORT}; 0 picks a free port")
     add("--allow-insecure-non-loopback", action="store_true", default=None,

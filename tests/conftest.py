@@ -31,6 +31,17 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
                         "AVX-NE-CONVERT)")
 
 
+def child_processes(pid: int, marker: bytes) -> list[int]:
+    """The children of process `pid` whose command line holds `marker`."""
+    children = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            with contextlib.suppress(FileNotFoundError):
+                if marker in Path(f"/proc/{child}/cmdline").read_bytes():
+                    children.append(int(child))
+    return children
+
+
 @dataclass(frozen=True, slots=True)
 class ClientFiles:
     """PEM files a client presents: the CA it trusts, its certificate and key."""

@@ -26,16 +26,17 @@ INFO = ModelInfo(source="fake", device="cpu", dtype="float32", vocab_size=VOCAB_
 ENDLESS = 10**6  # max_new_tokens of a request that only ends when it is aborted
 
 
-def make_engine(core: EngineCore, max_unfinished: int = 8) -> AsyncEngine:
-    return AsyncEngine(core, FakeTokenizer(), LIMITS, INFO, max_unfinished)
+def make_engine(core: EngineCore, max_unfinished: int = 8, **options: object) -> AsyncEngine:
+    """options: AsyncEngine's own (guides, slots_per_request)."""
+    return AsyncEngine(core, FakeTokenizer(), LIMITS, INFO, max_unfinished, **options)
 
 
 def run_with_engine(scenario: Callable[[AsyncEngine], Awaitable[None]], core: EngineCore,
-                    max_unfinished: int = 8) -> None:
+                    max_unfinished: int = 8, **options: object) -> None:
     """Run `scenario` against a started engine, shutting it down afterwards."""
 
     async def main() -> None:
-        engine = make_engine(core, max_unfinished)
+        engine = make_engine(core, max_unfinished, **options)
         engine.start(asyncio.get_running_loop())
         try:
             await asyncio.wait_for(scenario(engine), timeout=10)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections import defaultdict
 from collections.abc import AsyncIterator
 
@@ -13,7 +14,7 @@ from fakes import EOS_ID, VOCAB_SIZE, FakeRunner, make_core
 from test_async_engine import LIMITS, collect, eventually, run_with_engine
 
 from switchboard.engine.async_engine import AsyncEngine
-from switchboard.engine.errors import InvalidRequest
+from switchboard.engine.errors import InvalidRequest, RequestTimedOut
 from switchboard.engine.fanout import generate_many
 from switchboard.engine.params import GenerationRequest
 from switchboard.engine.request import FinishReason, RequestOutput, TokenLogprob
@@ -114,7 +115,8 @@ def scripted_children(last: int, logprobs: dict[int, float]):
     them); child 0 starts only once child `last` has ended."""
     others_ended = asyncio.Event()
 
-    async def generate_one(child: GenerationRequest) -> AsyncIterator[RequestOutput]:
+    async def generate_one(child: GenerationRequest, admitted: bool
+                           ) -> AsyncIterator[RequestOutput]:
         index = int(child.request_id.rpartition("/")[2])
         if index == 0:
             await others_ended.wait()
@@ -130,7 +132,7 @@ def scripted_children(last: int, logprobs: dict[int, float]):
 
 async def collect_many(generate_one, **parameters: object) -> list[RequestOutput]:
     return [event async for event in generate_many(
-        generate_one, request("many", prompt_logprobs=True, **parameters))]
+        generate_one, request("many", prompt_logprobs=True, **parameters), max_running=3)]
 
 
 def test_the_prompts_logprobs_come_first_though_another_sequence_starts_first() -> None:
@@ -158,3 +160,79 @@ def test_inconsistent_n_and_best_of_are_rejected(parameters: dict, message: str)
     with pytest.raises(InvalidRequest) as caught:
         request("bad", **parameters)
     assert caught.value.field in parameters and message in caught.value.message
+
+
+@pytest.mark.parametrize("name", ["n", "best_of"])
+def test_more_sequences_than_the_configured_max_best_of_are_refused_naming_the_field(name) -> None:
+    limits = dataclasses.replace(LIMITS, max_best_of=4)
+    build_request("ok", PROMPT, {"do_sample": True, name: 4}, limits)
+    with pytest.raises(InvalidRequest) as caught:
+        build_request("bad", PROMPT, {"do_sample": True, name: 5}, limits)
+    assert caught.value.field == name and "at most 4" in caught.value.message
+
+
+def counting_children(done: asyncio.Event | None = None):
+    """A generate_one whose children each give one token, once `done` is set (at once without
+    it); the most children that ran at once, and those started as admitted."""
+    running: list[int] = []
+    most = [0]
+    admitted_children: list[int] = []
+
+    async def generate_one(child: GenerationRequest, admitted: bool
+                           ) -> AsyncIterator[RequestOutput]:
+        admitted_children.extend([int(child.request_id.rpartition("/")[2])] if admitted else [])
+        running.append(1)
+        most[0] = max(most[0], len(running))
+        try:
+            await asyncio.sleep(0)
+            if done is not None:
+                await done.wait()
+            yield RequestOutput(child.request_id, (1,), "a", 3, 1, child.sampling.seed,
+                                finish_reason=FinishReason.LENGTH)
+        finally:
+            running.pop()
+
+    return generate_one, most, admitted_children
+
+
+@pytest.mark.parametrize("best_of", [None, 9])
+def test_one_requests_sequences_run_at_most_max_running_at_once_and_all_come_back(
+        best_of) -> None:
+    generate_one, most, admitted = counting_children()
+    many = request("many", n=7, best_of=best_of)
+    events = asyncio.run(collect(generate_many(generate_one, many, max_running=2)))
+    assert sorted(event.index for event in events) == list(range(7))
+    assert most[0] == 2
+    assert sorted(admitted) == list(range(2, best_of or 7))  # those past the first two
+
+
+def test_sequences_that_start_later_keep_the_requests_timeout_and_time_out_with_it() -> None:
+    async def timeouts_seen(timeout_s: float, first_ends_after_s: float) -> list[float]:
+        done = asyncio.Event()
+        asyncio.get_running_loop().call_later(first_ends_after_s, done.set)
+        seen: list[float] = []
+        generate_one, *_ = counting_children(done)
+
+        async def recording(child: GenerationRequest, admitted: bool
+                            ) -> AsyncIterator[RequestOutput]:
+            seen.append(child.timeout_s)
+            async for event in generate_one(child, admitted):
+                yield event
+
+        many = dataclasses.replace(request("many", n=2), timeout_s=timeout_s)
+        await collect(generate_many(recording, many, max_running=1))
+        return seen
+
+    first, second = asyncio.run(timeouts_seen(5.0, 0.2))
+    assert first > 4.9 and second < 4.8
+    with pytest.raises(RequestTimedOut):
+        asyncio.run(timeouts_seen(0.1, 0.2))
+
+
+def test_later_sequences_of_an_admitted_request_are_not_refused_as_overloaded() -> None:
+    """One request in flight at most, one sequence running at a time: all three come."""
+    async def scenario(engine: AsyncEngine) -> None:
+        outputs = await collect(engine.generate(request("many", n=3)))
+        assert sorted(by_index(outputs)) == [0, 1, 2]
+
+    run_with_engine(scenario, make_core(SkewedRunner()), max_unfinished=1, slots_per_request=1)

@@ -15,6 +15,7 @@ from switchboard.engine import errors as engine_errors
 from switchboard.engine.config import EngineConfig, EngineLimits
 from switchboard.engine.errors import (EngineDead, EngineError, GenerationFailed, InvalidRequest, NotFound,
                            Overloaded, PromptTooLong, RequestTimedOut)
+from switchboard.engine.index_compiler import CompileLimits
 from switchboard.gateway.config import GatewayConfig, Plane, TLSMode
 from switchboard.cli import (KEY_PASSWORD_ENV, _configs, _describe, _flags_given, _parser,
                              gateway_config)
@@ -224,6 +225,46 @@ def test_speculation_comes_from_the_flag_or_the_config_file(tmp_path: Path) -> N
     assert (engine_config.num_speculative_tokens, engine_config.speculative_max_batch) == (2, 8)
     with pytest.raises(ValueError, match="num_speculative_tokens"):
         configs("--speculate", "-1", "--insecure")
+
+
+def test_one_requests_share_comes_from_the_flags_or_the_config_file(tmp_path: Path) -> None:
+    engine_config = configs("--insecure")[0]
+    assert (engine_config.max_best_of, engine_config.slots_per_request()) == (128, 200 // 8)
+    engine_config = configs("--max-best-of", "4", "--max-slots-per-request", "2",
+                            "--insecure")[0]
+    assert (engine_config.max_best_of, engine_config.slots_per_request()) == (4, 2)
+    path = write_config(tmp_path, {"maxBestOf": 8, "maxSlotsPerRequest": 3, "maxBatchSize": 3})
+    engine_config = configs("--config", str(path), "--insecure")[0]
+    assert (engine_config.max_best_of, engine_config.slots_per_request()) == (8, 3)
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (("--max-best-of", "129"), "max_best_of must be at most 128"),
+    (("--max-best-of", "0"), "max_best_of must be a positive integer"),
+    (("--max-slots-per-request", "201"), r"max_slots_per_request \(201\) must not exceed "
+                                         r"max_batch_size \(200\)"),
+    (("--guided-compile-mib", "32"), "guided_compile_mib must be at least 64"),
+    (("--guided-compile-cpu-seconds", "0"), "guided_compile_cpu_seconds must be a positive"),
+    (("--guided-cache-mib", "-1"), "guided_cache_mib must be a non-negative"),
+])
+def test_share_and_compile_bounds_out_of_range_are_refused(flags, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        configs(*flags, "--insecure")
+
+
+def test_structured_output_bounds_come_from_the_flags_or_the_config_file(tmp_path: Path) -> None:
+    engine_config = configs("--insecure")[0]
+    assert engine_config.compile_limits() == CompileLimits(512 * 2**20, 60)
+    assert 64 * 2**20 <= engine_config.guided_cache_bytes() <= 2**30
+    engine_config = configs("--guided-compile-mib", "100", "--guided-compile-cpu-seconds", "5",
+                            "--guided-cache-mib", "10", "--insecure")[0]
+    assert engine_config.compile_limits() == CompileLimits(100 * 2**20, 5)
+    assert engine_config.guided_cache_bytes() == 10 * 2**20
+    path = write_config(tmp_path, {"guidedCompileMiB": 70, "guidedCompileCpuSeconds": 2,
+                                   "guidedCacheMiB": 1})
+    engine_config = configs("--config", str(path), "--insecure")[0]
+    assert engine_config.compile_limits() == CompileLimits(70 * 2**20, 2)
+    assert engine_config.guided_cache_bytes() == 2**20
 
 
 def test_enforce_eager_comes_from_the_config_file_or_the_flag(tmp_path: Path) -> None:
