@@ -1,10 +1,10 @@
 """The engine with the real packaged model, in process: answers, parity with transformers'
 greedy `generate`, clean streaming of Chinese text, reproducible seeds, stop strings.
 
-These run on the CPU in float32 (`quantization="none"`: the packaged .gguf model's default is
-its own quantization, whose agreement with transformers tests/integration/test_quantized_model.py
-measures within its tolerance) wherever they run, so that exact parity and batch-invariant seeds
-are checked on every machine. Where a CUDA device is present, the tests at the end
+These run on the CPU in float32 (`quantization="none"`, not `auto`, which serves the packaged
+.gguf model in its own quantization, whose agreement with transformers
+tests/integration/test_quantized_model.py measures within its tolerance) wherever they run, so
+that exact parity and batch-invariant seeds are checked on every machine. Where a CUDA device is present, the tests at the end
 check the CUDA path too (bfloat16, decode steps replayed from CUDA graphs)."""
 
 from __future__ import annotations
