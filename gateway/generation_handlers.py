@@ -171,6 +171,7 @@ class TokenizeHandler(TgiHandler):
     are its errors: vLLM's are its OpenAI server's (400, `{"error": {"message", "type",
     "param", "code"}}`), as on its /detokenize."""
 
+    runs_inference = True
     speaks_vllm = False
 
     async def post(self) -> None:
@@ -192,6 +193,8 @@ class TokenizeHandler(TgiHandler):
 
 class ChatTokenizeHandler(TgiHandler):
     """TGI's POST /chat_tokenize."""
+
+    runs_inference = True
 
     async def post(self) -> None:
         response = await self.tokenize(tgi.chat_tokenize_request_to_pb(parse_json(self.body)))
@@ -458,8 +461,6 @@ class MindIETokenHandler(MindIEHandler):
 
 
 class TokenizerHandler(MindIEHandler):
-    runs_inference = False
-
     async def post(self) -> None:
         request, decode = mindie.tokenize_request_to_pb(parse_json(self.body))
         self.write_json(mindie.tokenize_reply(await self.tokenize(request), decode))

@@ -49,9 +49,9 @@ class Services:
 class Handler(tornado.web.RequestHandler):
     """Subclasses set `status_table` (gRPC status → HTTP status) and may override
     `error_body` for their protocol's error shape (KServe v2's `{"error": message}` here).
-    Those whose POST runs a generation set `runs_inference`: during a graceful stop they answer
-    503, and the gateway waits for those in flight before it exits; at most maxLinkNum of them
-    are forwarded at once, the others waiting in arrival order."""
+    Those whose POST runs a generation, or tokenizes a prompt, set `runs_inference`: during a
+    graceful stop they answer 503, and the gateway waits for those in flight before it exits;
+    at most maxLinkNum of them are forwarded at once, the others waiting in arrival order."""
 
     status_table = KSERVE_HTTP_STATUS
     runs_inference = False

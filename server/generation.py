@@ -36,7 +36,7 @@ class GenerationServicer(sb_grpc.GenerationServicer):
         try:
             engine = self.served.named_engine(request.model_name)
             codec.check_client_id(request.id)
-            spec = build_request(uuid.uuid4().hex, _prompt_token_ids(engine, request),
+            spec = build_request(uuid.uuid4().hex, await _prompt_token_ids(engine, request),
                                  codec.parameter_values(request.parameters), engine.limits,
                                  seed_range=MINDIE_SEED_RANGE if request.mindie_ranges
                                  else INT_RANGES["seed"])
@@ -55,17 +55,18 @@ class GenerationServicer(sb_grpc.GenerationServicer):
         engine = self.served.named_engine(request.model_name)
         response = sb.TokenizeResponse(max_sequence_length=engine.limits.max_seq_len)
         if request.WhichOneof("prompt") == "messages":
-            response.templated_text = engine.render_chat(chat_prompt(request.messages))
-            ids, spans = engine.encode_with_spans(response.templated_text,
-                                                  add_special_tokens=False)
+            response.templated_text = await engine.prompts.render_chat(
+                chat_prompt(request.messages))
+            tokens = await engine.prompts.tokenize(response.templated_text,
+                                                   add_special_tokens=False)
         else:
-            add_special_tokens = (request.add_special_tokens
-                                  if request.HasField("add_special_tokens") else True)
-            ids, spans = engine.encode_with_spans(request.text, add_special_tokens)
-        response.ids.extend(ids)
-        response.spans.extend(sb.TextSpan(start=start, stop=stop) for start, stop in spans)
-        response.texts.extend(engine.token_texts(ids))
-        response.vocabulary_strings.extend(engine.vocabulary_strings(ids))
+            tokens = await engine.prompts.tokenize(
+                request.text, request.add_special_tokens
+                if request.HasField("add_special_tokens") else True)
+        response.ids.extend(tokens.ids)
+        response.spans.extend(sb.TextSpan(start=start, stop=stop) for start, stop in tokens.spans)
+        response.texts.extend(tokens.texts)
+        response.vocabulary_strings.extend(tokens.vocabulary_strings)
         return response
 
     @engine_errors
@@ -95,14 +96,14 @@ def chat_prompt(messages: sb.ChatMessages) -> ChatPrompt:
         continue_final_message=messages.continue_final_message)
 
 
-def _prompt_token_ids(engine: EngineClient, request: sb.GenerateRequest) -> list[int]:
+async def _prompt_token_ids(engine: EngineClient, request: sb.GenerateRequest) -> list[int]:
     kind = request.WhichOneof("prompt")
     if kind == "text":
-        return engine.encode(request.text)
+        return await engine.prompts.encode(request.text)
     if kind == "token_ids":
         return list(request.token_ids.ids)
     if kind == "messages":
-        return engine.encode_chat(chat_prompt(request.messages))
+        return await engine.prompts.encode_chat(chat_prompt(request.messages))
     raise InvalidRequest("prompt", "is missing: send text, token_ids or messages")
 
 

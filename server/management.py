@@ -87,7 +87,7 @@ class ManagementServicer(sb_grpc.ManagementServicer):
         remaining = context.time_remaining()
         timeout_s = min(remaining if remaining is not None else PROBE_TIMEOUT_S, MAX_TIMEOUT_S)
         spec = dataclasses.replace(build_request(
-            f"probe-{uuid.uuid4().hex}", engine.encode(PROBE_PROMPT),
+            f"probe-{uuid.uuid4().hex}", await engine.prompts.encode(PROBE_PROMPT),
             {"max_new_tokens": 1, "timeout": timeout_s, "do_sample": False}, engine.limits),
             probe=True)
         async with contextlib.aclosing(engine.generate(spec)) as events:
