@@ -10,11 +10,11 @@ from switchboard.gateway.config import UpstreamConfig
 from switchboard.gateway.protocols.parameters import MAX_DEADLINE_S
 from switchboard.proto import grpc_service_pb2_grpc as pb_grpc
 from switchboard.proto import switchboard_pb2_grpc as sb_grpc
+from switchboard.proto.message_limits import MAX_MESSAGE_BYTES
 
 # Stream errors as gRPC statuses rather than in-band messages (Triton's header), so that each
 # status maps to its HTTP status.
 STATUS_ERRORS = (("triton_grpc_error", "true"),)
-MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 # Reconnection attempts while the server is away: from 0.2 s apart, growing to 2 s at most
 # (gRPC's default grows to 120 s), so that the gateway serves again soon after it is back.
 RECONNECT_BACKOFF_MS = (200, 2000)

@@ -19,6 +19,7 @@ from switchboard.engine.async_engine import AsyncEngine
 from switchboard.engine.config import EngineConfig
 from switchboard.proto import grpc_service_pb2 as pb
 from switchboard.proto import grpc_service_pb2_grpc as pb_grpc
+from switchboard.proto.message_limits import MAX_MESSAGE_BYTES
 from switchboard.proto import switchboard_pb2 as sb
 from switchboard.proto import switchboard_pb2_grpc as sb_grpc
 from switchboard.server.config import ServerConfig
@@ -38,11 +39,6 @@ SHUTDOWN_GRACE_S = 5.0
 # A forced stop (MindIE's /stopService?mode=Force, which kills its processes after 5 s) lets
 # the requests in flight run this long at most.
 FORCED_STOP_S = 5.0
-# The largest message the server takes or sends (gRPC's default, 4 MiB, failed a chat request
-# of a few MB through the gateway as RESOURCE_EXHAUSTED, which clients read as "overloaded"
-# and retry): the gateway's channel allows as much, past its 64 MiB body limit; Triton's
-# server allows 2 GiB.
-MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 
 
 def package_version() -> str:

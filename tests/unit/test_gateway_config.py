@@ -14,6 +14,7 @@ import grpc
 import pytest
 
 from switchboard.gateway.config import GatewayConfig, Plane, PlaneConfig, TLSMode, UpstreamConfig
+from switchboard.proto.message_limits import MAX_MESSAGE_BYTES
 from switchboard.tls import DevPKIPaths, TLSConfigError, TLSFiles
 
 
@@ -116,6 +117,17 @@ def test_gateway_config_needs_each_plane_once(server_files: TLSFiles) -> None:
     for limit in ("max_body_bytes", "max_connections", "client_timeout_s", "max_header_bytes"):
         with pytest.raises(ValueError, match=limit):
             GatewayConfig(planes(server_files), UpstreamConfig(), **{limit: 0})
+
+
+def test_a_body_limit_past_what_the_server_takes_as_a_message_is_refused(
+        server_files: TLSFiles) -> None:
+    """A body becomes a gRPC message of up to twice its size: one the server would refuse as
+    RESOURCE_EXHAUSTED, which clients read as an overload."""
+    assert GatewayConfig(planes(server_files), UpstreamConfig()).max_body_bytes == \
+        MAX_MESSAGE_BYTES // 2
+    with pytest.raises(ValueError, match="max_body_bytes must be at most"):
+        GatewayConfig(planes(server_files), UpstreamConfig(),
+                      max_body_bytes=MAX_MESSAGE_BYTES // 2 + 1)
 
 
 def test_planes_may_share_a_port_only_with_the_same_tls(server_files: TLSFiles,
