@@ -18,6 +18,9 @@ DEFAULT_BUSINESS_PORT = 1025
 DEFAULT_MANAGEMENT_PORT = 1026
 DEFAULT_METRICS_PORT = 1027
 DEFAULT_UPSTREAM = "127.0.0.1:8001"
+# A body over the limit, declared up to this size, is read to its end and dropped before the
+# 413: closing with a body unread resets the connection, and its client may lose the answer.
+MAX_DRAINED_BODY_BYTES = 64 * 2**20
 DEFAULT_MAX_CONNECTIONS = 1000  # MindIE's maxLinkNum default
 # MindIE: maxLinkNum requests are served at once, 2 × maxLinkNum more wait their turn, and the
 # one after is refused; here, connections beyond this many × max_connections, per plane.

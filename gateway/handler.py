@@ -16,6 +16,7 @@ from tornado.httputil import responses
 from tornado.iostream import StreamClosedError
 
 from switchboard.gateway.content_coding import ACCEPTED, UNSUPPORTED_STATUS, BodyDecoder, body_decoder
+from switchboard.gateway.config import MAX_DRAINED_BODY_BYTES
 from switchboard.gateway.errors import (CREDENTIAL_STATUSES, KSERVE_HTTP_STATUS, RequestError,
                             client_message, http_status)
 from switchboard.gateway.lifecycle import Lifecycle
@@ -71,12 +72,14 @@ class Handler(tornado.web.RequestHandler):
 
     async def prepare(self) -> None:
         declared = self.request.headers.get("Content-Length", "0")
-        if declared.isdigit() and int(declared) > self.max_body_bytes:
+        declared_size = int(declared) if declared.isdigit() else 0
+        if declared_size > MAX_DRAINED_BODY_BYTES:
             raise RequestError(413, f"the body ({declared} bytes) is over the limit of "
                                f"{self.max_body_bytes} bytes")
         self._decoder = body_decoder(self.request.headers.get("Content-Encoding"),
                                      self.max_body_bytes)
-        if self.runs_inference and self.request.method == "POST":
+        if self.runs_inference and self.request.method == "POST" \
+                and declared_size <= self.max_body_bytes:
             self.services.lifecycle.enter()
             self._in_flight = True
             await self.services.admission.acquire()
@@ -118,16 +121,21 @@ class Handler(tornado.web.RequestHandler):
             self.services.lifecycle.leave()
 
     def data_received(self, chunk: bytes) -> None:
+        """Keep the body's chunks up to the limit, and drop them past it: the body is still
+        read to its end, so that a client sending it whole reads the 413 (see `body`)."""
         if self._decoder is not None:
             chunk = self._decoder.decode(chunk)
         self._size += len(chunk)
-        if self._size > self.max_body_bytes:
-            raise RequestError(413, f"the body is over the limit of {self.max_body_bytes} bytes")
-        self._chunks.append(chunk)
+        if self._size <= self.max_body_bytes:
+            self._chunks.append(chunk)
+        else:
+            self._chunks.clear()
 
     @property
     def body(self) -> bytes:
         """The request's body, decoded from its Content-Encoding."""
+        if self._size > self.max_body_bytes:
+            raise RequestError(413, f"the body is over the limit of {self.max_body_bytes} bytes")
         if self._decoder is not None:
             self._decoder.finish()
         return b"".join(self._chunks)
