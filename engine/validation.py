@@ -278,8 +278,8 @@ def check_prompt_size(field: str, texts: Iterable[str], limits: EngineLimits) ->
         if remaining < 0:
             raise PromptTooLong(field, f"is over {limits.max_prompt_bytes} bytes, more than "
                                 f"{limits.max_input_len} tokens (maxInputTokenLen, maxSeqLen) "
-                                f"of this model's vocabulary can hold (its longest token is "
-                                f"{limits.max_token_bytes} bytes)")
+                                f"of this model's vocabulary can hold (at most "
+                                f"{limits.max_token_bytes} bytes a token)")
 
 
 def check_vocabulary(field: str, token_ids: Sequence[int], limits: EngineLimits) -> None:
