@@ -22,7 +22,6 @@ import torch
 from outlines_core import Guide
 
 from switchboard.engine.block_manager import BlockManager
-from switchboard.engine.chat import ChatPrompt, render_chat
 from switchboard.engine.chat_output import OutputParsers
 from switchboard.engine.config import MAX_SEQUENCES, EngineConfig, EngineLimits
 from switchboard.engine.core import EngineCore, EngineStats
@@ -37,6 +36,7 @@ from switchboard.engine.params import GenerationRequest, time_left
 from switchboard.engine.quantization import dense_copy_for
 from switchboard.engine.request import RequestOutput
 from switchboard.engine.timing_store import TimingStore
+from switchboard.engine.tokenization import PromptTokenizer, token_texts
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +98,7 @@ class AsyncEngine:
         self._warm_up = warm_up
         self._tokenizer = tokenizer
         self.limits = limits
+        self.prompts = PromptTokenizer(tokenizer, limits, max_waiting=max_unfinished)
         self.info = info
         self._max_unfinished = max_unfinished
         self._num_threads = num_threads
@@ -172,6 +173,7 @@ class AsyncEngine:
                                             limits=config.compile_limits(),
                                             cache_bytes=config.guided_cache_bytes())
         limits = EngineLimits.from_config(config, vocab_size=loaded.vocab_size,
+                                          max_token_bytes=loaded.max_token_bytes,
                                           max_position_embeddings=loaded.max_position_embeddings,
                                           kv_capacity_tokens=num_blocks * config.block_size)
         info = ModelInfo(source=loaded.source, device=str(loaded.device),
@@ -209,6 +211,7 @@ class AsyncEngine:
             self._wakeup.notify()
         if self._thread.is_alive():
             await asyncio.to_thread(self._thread.join)
+        self.prompts.shutdown()
         self._fail_all()
 
     @property
@@ -219,35 +222,12 @@ class AsyncEngine:
         """Read from any thread: a snapshot of counters the engine thread updates."""
         return self._core.stats()
 
-    def encode(self, text: str) -> list[int]:
-        return self._tokenizer(text, add_special_tokens=True).input_ids
-
-    def encode_with_spans(self, text: str, add_special_tokens: bool = True
-                          ) -> tuple[list[int], list[tuple[int, int]]]:
-        """Token ids of `text`, and the characters [start, stop) each comes from ((0, 0) for a
-        special token the tokenizer added)."""
-        encoding = self._tokenizer(text, add_special_tokens=add_special_tokens,
-                                   return_offsets_mapping=True)
-        return encoding.input_ids, [tuple(span) for span in encoding.offset_mapping]
-
-    def render_chat(self, prompt: ChatPrompt) -> str:
-        """The conversation as the chat template writes it (see `chat.py`)."""
-        return render_chat(self._tokenizer, prompt)
-
-    def encode_chat(self, prompt: ChatPrompt) -> list[int]:
-        return self._tokenizer(self.render_chat(prompt), add_special_tokens=False).input_ids
-
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self._tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
 
     def token_texts(self, token_ids: Sequence[int]) -> list[str]:
         """Each token decoded alone, special tokens included (TGI's and OpenAI's token text)."""
-        return self._tokenizer.batch_decode([[token_id] for token_id in token_ids])
-
-    def vocabulary_strings(self, token_ids: Sequence[int]) -> list[str]:
-        """Each token as the vocabulary spells it (vLLM's token_strs): byte-level BPE writes a
-        space as "Ġ", and a piece of a character as the symbols of its bytes."""
-        return self._tokenizer.convert_ids_to_tokens(list(token_ids))
+        return token_texts(self._tokenizer, token_ids)
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[RequestOutput]:
         """Events for one request, the last one (of each of its n sequences, told apart by

@@ -176,19 +176,27 @@ class EngineLimits:
 
     max_seq_len is the configured maxSeqLen capped by the model's position embeddings;
     max_input_len is maxInputTokenLen capped so at least one token can be generated; both
-    are capped by the KV cache pool's capacity. max_best_of: the most sequences one request
-    may ask for (n, best_of).
+    are capped by the KV cache pool's capacity. max_token_bytes: the most bytes of text one
+    token of the vocabulary stands for (see `loader.longest_token_bytes`). max_best_of: the
+    most sequences one request may ask for (n, best_of).
     """
 
     vocab_size: int
     max_seq_len: int
     max_input_len: int
     max_iter_times: int
+    max_token_bytes: int
     max_best_of: int = MAX_SEQUENCES
 
+    @property
+    def max_prompt_bytes(self) -> int:
+        """The longest prompt text, in UTF-8 bytes, that max_input_len tokens can hold: one
+        longer has more tokens than that whatever it says, so it is refused untokenized."""
+        return self.max_input_len * self.max_token_bytes
+
     @classmethod
-    def from_config(cls, config: EngineConfig, *, vocab_size: int, max_position_embeddings: int,
-                    kv_capacity_tokens: int) -> EngineLimits:
+    def from_config(cls, config: EngineConfig, *, vocab_size: int, max_token_bytes: int,
+                    max_position_embeddings: int, kv_capacity_tokens: int) -> EngineLimits:
         """A request must fit the KV pool alone, or it could never be scheduled. A limit
         configured above what is in force is logged, so the configuration a log shows is the
         one that holds."""
@@ -208,5 +216,6 @@ class EngineLimits:
             max_seq_len=max_seq_len,
             max_input_len=min(config.max_input_token_len, max_seq_len - 1),
             max_iter_times=min(config.max_iter_times, max_seq_len),
+            max_token_bytes=max_token_bytes,
             max_best_of=config.max_best_of,
         )

@@ -38,6 +38,7 @@ class LoadedModel:
     dtype: torch.dtype
     eos_token_ids: frozenset[int]
     vocab_size: int
+    max_token_bytes: int
     max_position_embeddings: int
     source: str
     quantization: QuantizationPlan
@@ -117,6 +118,7 @@ def load_model(config: EngineConfig) -> LoadedModel:
         dtype=dtype,
         eos_token_ids=_eos_token_ids(model, tokenizer),
         vocab_size=model.config.vocab_size,
+        max_token_bytes=longest_token_bytes(tokenizer),
         max_position_embeddings=model.config.max_position_embeddings,
         source=str(source),
         quantization=quantization,
@@ -168,6 +170,19 @@ def _save_dequantized(model: PreTrainedModel, tokenizer: object, folder: Path) -
     model.generation_config.save_pretrained(folder)
     safetensors.torch.save_model(model, str(folder / "model.safetensors"))
     tokenizer.save_pretrained(folder)
+
+
+def longest_token_bytes(tokenizer: object) -> int:
+    """The most bytes of text one token of the vocabulary (added and special tokens included)
+    stands for, so that a text of B bytes has at least B / this many tokens.
+
+    Each token is decoded alone, special tokens kept and no spaces cleaned up: exact for
+    byte-level BPE, where a piece of a character decodes to U+FFFD, never to fewer bytes than
+    it stands for. One byte more covers the leading space a SentencePiece decoder strips from
+    a text's first token."""
+    texts = tokenizer.batch_decode([[token_id] for token_id in range(len(tokenizer))],
+                                   skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    return max(len(text.encode()) for text in texts) + 1
 
 
 def _eos_token_ids(model: PreTrainedModel, tokenizer: object) -> frozenset[int]:

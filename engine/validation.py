@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from switchboard.engine.config import MAX_SEQUENCES, EngineLimits
@@ -267,6 +267,22 @@ def _validate_prompt(token_ids: Sequence[int], limits: EngineLimits) -> tuple[in
                             f"{limits.max_input_len} are accepted (maxInputTokenLen, maxSeqLen)")
     check_vocabulary("prompt", token_ids, limits)
     return tuple(int(token_id) for token_id in token_ids)
+
+
+def check_prompt_size(field: str, texts: Iterable[str], limits: EngineLimits) -> None:
+    """PromptTooLong naming `field` when the texts of a prompt have, together, more UTF-8
+    bytes than max_input_len tokens can hold: checked before tokenizing, whose time and memory
+    grow with the text."""
+    remaining = limits.max_prompt_bytes
+    for text in texts:
+        # A character has at least one byte: a text of more characters than remain is over
+        # without encoding it.
+        remaining -= len(text) if len(text) > remaining else len(text.encode())
+        if remaining < 0:
+            raise PromptTooLong(field, f"is over {limits.max_prompt_bytes} bytes, more than "
+                                f"{limits.max_input_len} tokens (maxInputTokenLen, maxSeqLen) "
+                                f"of this model's vocabulary can hold (at most "
+                                f"{limits.max_token_bytes} bytes a token)")
 
 
 def check_vocabulary(field: str, token_ids: Sequence[int], limits: EngineLimits) -> None:

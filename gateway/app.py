@@ -22,7 +22,8 @@ from switchboard.gateway import generation_handlers as generation
 from switchboard.gateway import management_handlers as management
 from switchboard.gateway import openapi
 from switchboard.gateway import triton_handlers as triton
-from switchboard.gateway.config import CONNECTIONS_PER_LINK, GatewayConfig, Plane, PlaneConfig
+from switchboard.gateway.config import (CONNECTIONS_PER_LINK, MAX_DRAINED_BODY_BYTES, GatewayConfig,
+                                        Plane, PlaneConfig)
 from switchboard.gateway.handler import Handler, NotFoundHandler, Services
 from switchboard.gateway.http_server import BoundedHTTPServer
 from switchboard.gateway.lifecycle import Lifecycle
@@ -137,7 +138,7 @@ class Gateway:
             plane_config = self.config.plane(planes[0])
             server = BoundedHTTPServer(
                 make_app(planes, self.services), ssl_options=plane_config.ssl_context(),
-                max_body_size=self.config.max_body_bytes,
+                max_body_size=MAX_DRAINED_BODY_BYTES,
                 max_header_size=self.config.max_header_bytes,
                 idle_connection_timeout=self.config.client_timeout_s,
                 body_timeout=self.config.client_timeout_s,

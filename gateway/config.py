@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from switchboard.proto.constants import MAX_BODY_BYTES
 from switchboard.tls import TLSFiles, TLSMaterial
 from switchboard.tls.plaintext import check_plaintext_host
 
@@ -17,7 +18,9 @@ DEFAULT_BUSINESS_PORT = 1025
 DEFAULT_MANAGEMENT_PORT = 1026
 DEFAULT_METRICS_PORT = 1027
 DEFAULT_UPSTREAM = "127.0.0.1:8001"
-DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
+# A body over the limit, declared up to this size, is read to its end and dropped before the
+# 413: closing with a body unread resets the connection, and its client may lose the answer.
+MAX_DRAINED_BODY_BYTES = 64 * 2**20
 DEFAULT_MAX_CONNECTIONS = 1000  # MindIE's maxLinkNum default
 # MindIE: maxLinkNum requests are served at once, 2 × maxLinkNum more wait their turn, and the
 # one after is refused; here, connections beyond this many × max_connections, per plane.
@@ -116,7 +119,7 @@ class GatewayConfig:
 
     planes: tuple[PlaneConfig, ...]
     upstream: UpstreamConfig
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_body_bytes: int = MAX_BODY_BYTES
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     client_timeout_s: float = DEFAULT_CLIENT_TIMEOUT_S
     max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
@@ -138,6 +141,10 @@ class GatewayConfig:
                 continue
             if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
                 raise ValueError(f"{name} must be positive; got {value!r}")
+        if self.max_body_bytes > MAX_BODY_BYTES:
+            raise ValueError(f"max_body_bytes must be at most {MAX_BODY_BYTES}: the server "
+                             "takes no gRPC message a larger body could become; got "
+                             f"{self.max_body_bytes}")
 
     @property
     def connections_per_client(self) -> int:

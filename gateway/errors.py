@@ -3,6 +3,8 @@ gRPC statuses of the server, mapped to HTTP statuses per protocol family."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import grpc
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status

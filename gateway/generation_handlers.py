@@ -155,6 +155,7 @@ class TokenizeHandler(TgiHandler):
     are its errors: vLLM's are its OpenAI server's (400, `{"error": {"message", "type",
     "param", "code"}}`), as on its /detokenize."""
 
+    runs_inference = True
     speaks_vllm = False
 
     async def post(self) -> None:
@@ -176,6 +177,8 @@ class TokenizeHandler(TgiHandler):
 
 class ChatTokenizeHandler(TgiHandler):
     """TGI's POST /chat_tokenize."""
+
+    runs_inference = True
 
     async def post(self) -> None:
         response = await self.tokenize(tgi.chat_tokenize_request_to_pb(parse_json(self.body)))
@@ -444,8 +447,6 @@ class MindIETokenHandler(MindIEHandler):
 
 
 class TokenizerHandler(MindIEHandler):
-    runs_inference = False
-
     async def post(self) -> None:
         request, decode = mindie.tokenize_request_to_pb(parse_json(self.body))
         self.write_json(mindie.tokenize_reply(await self.tokenize(request), decode))

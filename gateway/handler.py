@@ -17,6 +17,7 @@ from tornado.httputil import responses
 from tornado.iostream import StreamClosedError
 
 from switchboard.gateway.content_coding import ACCEPTED, UNSUPPORTED_STATUS, BodyDecoder, body_decoder
+from switchboard.gateway.config import MAX_DRAINED_BODY_BYTES
 from switchboard.gateway.errors import (CREDENTIAL_STATUSES, KSERVE_HTTP_STATUS, RequestError,
                                         client_message, field_in_protocol, field_violation,
                                         http_status)
@@ -51,10 +52,10 @@ class Services:
 class Handler(tornado.web.RequestHandler):
     """Subclasses set `status_table` (gRPC status → HTTP status) and may override
     `error_body` for their protocol's error shape (KServe v2's `{"error": message}` here).
-    Those whose POST runs a generation set `runs_inference`: during a graceful stop they answer
-    503, and the gateway waits for those in flight before it exits; at most maxLinkNum of them
-    are forwarded at once, the others waiting in arrival order, each from when its body has
-    arrived (a client sending its body slowly holds no one's turn)."""
+    Those whose POST runs a generation, or tokenizes a prompt, set `runs_inference`: during a
+    graceful stop they answer 503, and the gateway waits for those in flight before it exits;
+    at most maxLinkNum of them are forwarded at once, the others waiting in arrival order, each
+    from when its body has arrived (a client sending its body slowly holds no one's turn)."""
 
     status_table = KSERVE_HTTP_STATUS
     runs_inference = False
@@ -85,12 +86,14 @@ class Handler(tornado.web.RequestHandler):
 
     async def prepare(self) -> None:
         declared = self.request.headers.get("Content-Length", "0")
-        if declared.isdigit() and int(declared) > self.max_body_bytes:
+        declared_size = int(declared) if declared.isdigit() else 0
+        if declared_size > MAX_DRAINED_BODY_BYTES:
             raise RequestError(413, f"the body ({declared} bytes) is over the limit of "
                                f"{self.max_body_bytes} bytes")
         self._decoder = body_decoder(self.request.headers.get("Content-Encoding"),
                                      self.max_body_bytes)
-        if self.runs_inference and self.request.method == "POST":
+        if self.runs_inference and self.request.method == "POST" \
+                and declared_size <= self.max_body_bytes:
             self.services.lifecycle.enter()
             self._in_flight = True
 
@@ -135,6 +138,9 @@ class Handler(tornado.web.RequestHandler):
             self.services.lifecycle.leave()
 
     def data_received(self, chunk: bytes) -> None:
+        """Keep the body's chunks up to the limit, and drop them past it or once it is found
+        malformed: the body is still read to its end, so that a client sending it whole reads
+        the 413 or 400 (see `body`)."""
         if self._body_error is not None:
             return
         try:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -187,13 +187,14 @@ def check_client_id(client_id: str) -> None:
         raise InvalidRequest("id", "must be at most 256 characters of A-Z, a-z, 0-9, '_' and '-'")
 
 
-def build_engine_request(call: InferCall, request_id: str, encode: Callable[[str], list[int]],
-                         limits: EngineLimits) -> GenerationRequest:
+async def build_engine_request(call: InferCall, request_id: str,
+                               encode: Callable[[str], Awaitable[list[int]]],
+                               limits: EngineLimits) -> GenerationRequest:
     """Validate through the engine's one validation, with MindIE's seed range (this is its
     Triton interface) or vLLM's (its backend's interface, whose errors name vLLM's fields);
     prompt errors name the input tensor."""
-    token_ids = encode(call.prompt) if isinstance(call.prompt, str) else call.prompt
     try:
+        token_ids = await encode(call.prompt) if isinstance(call.prompt, str) else call.prompt
         if call.vllm is None:
             # The log-probabilities of the tokens a request's details describe.
             parameters = {**call.parameters, "logprobs": True} if call.describes_tokens \

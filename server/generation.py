@@ -43,7 +43,7 @@ class GenerationServicer(sb_grpc.GenerationServicer):
             engine = self.served.named_engine(request.model_name)
             codec.check_client_id(request.id)
             values = codec.parameter_values(request.parameters)
-            prompt_token_ids, plan = _prompt(engine, request, values)
+            prompt_token_ids, plan = await _prompt(engine, request, values)
             spec = build_request(uuid.uuid4().hex, prompt_token_ids, values, engine.limits,
                                  seed_range=MINDIE_SEED_RANGE if request.mindie_ranges
                                  else INT_RANGES["seed"])
@@ -67,17 +67,18 @@ class GenerationServicer(sb_grpc.GenerationServicer):
         engine = self.served.named_engine(request.model_name)
         response = sb.TokenizeResponse(max_sequence_length=engine.limits.max_seq_len)
         if request.WhichOneof("prompt") == "messages":
-            response.templated_text = engine.render_chat(chat_prompt(request.messages))
-            ids, spans = engine.encode_with_spans(response.templated_text,
-                                                  add_special_tokens=False)
+            response.templated_text = await engine.prompts.render_chat(
+                chat_prompt(request.messages))
+            tokens = await engine.prompts.tokenize(response.templated_text,
+                                                   add_special_tokens=False)
         else:
-            add_special_tokens = (request.add_special_tokens
-                                  if request.HasField("add_special_tokens") else True)
-            ids, spans = engine.encode_with_spans(request.text, add_special_tokens)
-        response.ids.extend(ids)
-        response.spans.extend(sb.TextSpan(start=start, stop=stop) for start, stop in spans)
-        response.texts.extend(engine.token_texts(ids))
-        response.vocabulary_strings.extend(engine.vocabulary_strings(ids))
+            tokens = await engine.prompts.tokenize(
+                request.text, request.add_special_tokens
+                if request.HasField("add_special_tokens") else True)
+        response.ids.extend(tokens.ids)
+        response.spans.extend(sb.TextSpan(start=start, stop=stop) for start, stop in tokens.spans)
+        response.texts.extend(tokens.texts)
+        response.vocabulary_strings.extend(tokens.vocabulary_strings)
         return response
 
     @engine_errors
@@ -142,8 +143,8 @@ def parse_output(response: sb.GenerateResponse, parser: ChatOutputParser) -> Non
         response.reasoning_tokens = len(response.tokens)
 
 
-def _prompt(engine: EngineClient, request: sb.GenerateRequest, values: dict[str, object]
-            ) -> tuple[list[int], ChatOutputPlan]:
+async def _prompt(engine: EngineClient, request: sb.GenerateRequest,
+                  values: dict[str, object]) -> tuple[list[int], ChatOutputPlan]:
     """The prompt's token ids, and how the answer is read: for chat messages as their tool
     choice and the server's parsers say (a required or named choice sets values' output
     pattern), else as content."""
@@ -153,9 +154,9 @@ def _prompt(engine: EngineClient, request: sb.GenerateRequest, values: dict[str,
         plan = plan_chat_output(prompt.tools, tool_choice(request.messages),
                                 engine.info.output_parsers)
         constrain_to_tool_calls(values, plan)
-        return engine.encode_chat(prompt), plan
+        return await engine.prompts.encode_chat(prompt), plan
     if kind == "text":
-        return engine.encode(request.text), ChatOutputPlan()
+        return await engine.prompts.encode(request.text), ChatOutputPlan()
     if kind == "token_ids":
         return list(request.token_ids.ids), ChatOutputPlan()
     raise InvalidRequest("prompt", "is missing: send text, token_ids or messages")

@@ -146,7 +146,7 @@ class ManagementServicer(sb_grpc.ManagementServicer):
 async def _probe_generation(engine: EngineClient) -> None:
     """One token of PROBE_PROMPT; it may run as long as a request may, while probes wait."""
     spec = dataclasses.replace(build_request(
-        f"probe-{uuid.uuid4().hex}", engine.encode(PROBE_PROMPT),
+        f"probe-{uuid.uuid4().hex}", await engine.prompts.encode(PROBE_PROMPT),
         {"max_new_tokens": 1, "timeout": MAX_TIMEOUT_S, "do_sample": False}, engine.limits),
         probe=True)
     async with contextlib.aclosing(engine.generate(spec)) as events:

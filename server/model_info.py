@@ -70,6 +70,7 @@ def model_config(model_name: str, engine: EngineClient | None) -> pb.ModelConfig
         limits, info = engine.limits, engine.info
         for key, value in (("max_seq_len", limits.max_seq_len),
                            ("max_input_len", limits.max_input_len),
+                           ("max_prompt_bytes", limits.max_prompt_bytes),
                            ("max_iter_times", limits.max_iter_times),
                            ("vocab_size", limits.vocab_size),
                            ("max_sequences", limits.max_best_of),

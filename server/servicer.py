@@ -131,7 +131,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     @engine_errors
     async def ModelInfer(self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
                          ) -> pb.ModelInferResponse:
-        call, events = self._start(request)
+        call, events = await self._start(request)
         async with contextlib.aclosing(events):
             result = codec.aggregate([event async for event in events])
         return codec.infer_response(call, self.served.model_name, result)
@@ -149,7 +149,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
         async def serve(request: pb.ModelInferRequest) -> None:
             try:
-                call, events = self._start(request)
+                call, events = await self._start(request)
                 model_name = self.served.model_name
                 special_token_ids = self.served.ready_engine().info.special_token_ids
                 async with contextlib.aclosing(events):
@@ -192,13 +192,14 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             for task in (reader, *running):
                 task.cancel()
 
-    def _start(self, request: pb.ModelInferRequest
-               ) -> tuple[codec.InferCall, AsyncIterator[RequestOutput]]:
+    async def _start(self, request: pb.ModelInferRequest
+                     ) -> tuple[codec.InferCall, AsyncIterator[RequestOutput]]:
         engine = self.served.ready_engine()
         self.served.check_model(request.model_name, request.model_version)
         call = codec.decode_infer_request(request)
         request_id = uuid.uuid4().hex
-        spec = codec.build_engine_request(call, request_id, engine.encode, engine.limits)
+        spec = await codec.build_engine_request(call, request_id, engine.prompts.encode,
+                                                engine.limits)
         logger.info("request %s (client id %r): %d prompt tokens, %s", request_id, call.client_id,
                     len(spec.prompt_token_ids), call.kind.name.lower())
         return call, self.served.generate(spec, call.client_id)

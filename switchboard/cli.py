@@ -24,7 +24,7 @@ from switchboard.engine.config import (DEFAULT_GUIDED_COMPILE_CPU_SECONDS,
 from switchboard.engine.reasoning import REASONING_PARSERS
 from switchboard.engine.tool_parsers import TOOL_CALL_PARSERS
 from switchboard.gateway.config import (DEFAULT_BUSINESS_PORT, DEFAULT_CLIENT_TIMEOUT_S, DEFAULT_HTTP_HOST,
-                            DEFAULT_MANAGEMENT_PORT, DEFAULT_MAX_BODY_BYTES,
+                            DEFAULT_MANAGEMENT_PORT, MAX_BODY_BYTES,
                             DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_HEADER_BYTES,
                             DEFAULT_METRICS_PORT, DEFAULT_UPSTREAM,
                             GatewayConfig, Plane, PlaneConfig, TLSMode, UpstreamConfig)
@@ -207,7 +207,7 @@ def _add_gateway_arguments(parser: argparse.ArgumentParser, *, with_upstream: bo
             help=f"the {plane.value} plane's TLS: mutual (default), server (no client "
                  "certificate asked), none (plain HTTP, loopback only)")
     add("--max-body-bytes", type=int,
-        help=f"larger request bodies get 413 (default: {DEFAULT_MAX_BODY_BYTES})")
+        help=f"larger request bodies get 413 (default and most: {MAX_BODY_BYTES})")
     add("--max-connections", type=int,
         help="MindIE's maxLinkNum N: N inference requests forwarded at once, the next wait "
              "their turn; one connection over 3N per plane gets 503 (default: the config "
@@ -314,7 +314,7 @@ def gateway_config(args: argparse.Namespace) -> GatewayConfig:
                 f"a config file's TLS keys are the server's certificate): {error}") from None
     return GatewayConfig(planes=tuple(planes),
                          upstream=UpstreamConfig(target=upstream, tls=client_files),
-                         max_body_bytes=settings.get("max_body_bytes", DEFAULT_MAX_BODY_BYTES),
+                         max_body_bytes=settings.get("max_body_bytes", MAX_BODY_BYTES),
                          max_connections=settings.get("max_connections", DEFAULT_MAX_CONNECTIONS),
                          client_timeout_s=settings.get("client_timeout", DEFAULT_CLIENT_TIMEOUT_S),
                          max_header_bytes=settings.get("max_header_bytes",

@@ -21,7 +21,7 @@ from transformers import AutoModelForCausalLM
 
 from switchboard.engine.async_engine import AsyncEngine
 from switchboard.engine.config import EngineConfig
-from switchboard.engine.errors import InvalidRequest
+from switchboard.engine.errors import InvalidRequest, PromptTooLong
 from switchboard.engine.loader import default_model_path, hf_folder, load_model
 from switchboard.engine.paged_runner import PagedRunner, SequenceChunk
 from switchboard.engine.request import FinishReason, RequestOutput
@@ -45,8 +45,11 @@ class EngineHarness:
     def run(self, coroutine):
         return self.loop.run_until_complete(coroutine)
 
+    def encode(self, text: str) -> list[int]:
+        return self.run(self.engine.prompts.encode(text))
+
     def request(self, prompt: str | list[int], **parameters):
-        token_ids = self.engine.encode(prompt) if isinstance(prompt, str) else prompt
+        token_ids = self.encode(prompt) if isinstance(prompt, str) else prompt
         return build_request(f"r{next(self._ids)}", token_ids, parameters, self.engine.limits)
 
     async def events(self, request) -> list[RequestOutput]:
@@ -144,7 +147,7 @@ def test_greedy_parity_holds_when_a_shared_system_prompt_hits_the_prefix_cache(
                  "Name a colour.<|im_end|>\n<|im_start|>assistant\n"]
     assert_greedy_parity(harness, reference_model, [SYSTEM_PROMPT + questions[0]])
     [second] = assert_greedy_parity(harness, reference_model, [SYSTEM_PROMPT + questions[1]])
-    shared_tokens = len(harness.engine.encode(SYSTEM_PROMPT))
+    shared_tokens = len(harness.encode(SYSTEM_PROMPT))
     block_size = harness.engine.info.block_size
     assert second[-1].num_cached_tokens == shared_tokens // block_size * block_size > 0
 
@@ -263,11 +266,31 @@ def test_stop_string_ends_generation_and_is_not_shown(harness) -> None:
 
 
 def test_token_prompt_and_text_prompt_agree(harness) -> None:
-    token_ids = harness.engine.encode("The capital of France is")
+    token_ids = harness.encode("The capital of France is")
     by_text, by_tokens = harness.generate(
         harness.request("The capital of France is", do_sample=False, max_new_tokens=6),
         harness.request(token_ids, do_sample=False, max_new_tokens=6))
     assert token_ids_of(by_text) == token_ids_of(by_tokens)
+
+
+# The densest texts for a byte-level BPE: its longest token (a line break and 80 spaces, in
+# SmolLM2), characters of several bytes, common words; none has fewer tokens than its bytes
+# over the longest token's, the bound the prompt size check rests on.
+DENSE_TEXTS = ["\n" + " " * 80, "👍", "北京", "Hello world, ", "<|im_start|>", "\x00\x7f"]
+
+
+@pytest.mark.parametrize("piece", DENSE_TEXTS)
+def test_no_text_has_fewer_tokens_than_its_bytes_over_the_longest_tokens(harness,
+                                                                          piece: str) -> None:
+    limits = harness.engine.limits
+    text = piece * (limits.max_prompt_bytes // len(piece.encode()))
+    assert len(harness.encode(text)) * limits.max_token_bytes >= len(text.encode())
+
+
+def test_a_prompt_one_byte_over_the_limit_is_refused_naming_it(harness) -> None:
+    with pytest.raises(PromptTooLong) as refused:
+        harness.encode("a" * (harness.engine.limits.max_prompt_bytes + 1))
+    assert refused.value.field == "prompt"
 
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -121,7 +121,7 @@ def test_a_prompt_longer_than_a_step_is_prefilled_over_steps_that_sample_nothing
         quantized: EngineHarness) -> None:
     """With maxPrefillTokens 64 a step computes at most 64 prompt tokens: the first steps of
     this prompt sample no row, so the LM head gets no rows to compute."""
-    prompt = quantized.engine.encode(TEXT)
+    prompt = quantized.encode(TEXT)
     assert len(prompt) > 2 * CHUNK_TOKENS
     events, = quantized.generate(quantized.request(prompt, do_sample=False, max_new_tokens=4,
                                                    ignore_eos=True))

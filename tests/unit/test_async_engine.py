@@ -18,7 +18,8 @@ from switchboard.engine.core import EngineCore
 from switchboard.engine.errors import EngineDead, InvalidRequest, Overloaded, RequestTimedOut
 from switchboard.engine.request import FinishReason, RequestOutput
 
-LIMITS = EngineLimits(vocab_size=VOCAB_SIZE, max_seq_len=64, max_input_len=63, max_iter_times=64)
+LIMITS = EngineLimits(vocab_size=VOCAB_SIZE, max_seq_len=64, max_input_len=63, max_iter_times=64,
+                      max_token_bytes=8)
 INFO = ModelInfo(source="fake", device="cpu", dtype="float32", vocab_size=VOCAB_SIZE,
                  eos_token_ids=frozenset({EOS_ID}), num_kv_blocks=256, block_size=4,
                  special_token_ids=frozenset({EOS_ID}), kv_cache_bytes=256 * 4 * 64,

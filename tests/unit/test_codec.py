@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import struct
 from collections.abc import Callable
@@ -10,15 +11,25 @@ import pytest
 
 from switchboard.engine.config import EngineLimits
 from switchboard.engine.errors import InvalidRequest, PromptTooLong
+from switchboard.engine.params import GenerationRequest
 from switchboard.engine.request import FinishReason, RequestOutput, RequestTimings, TokenLogprob
 from switchboard.proto import grpc_service_pb2 as pb
 from switchboard.server.codec import (InferCall, InferResult, InputKind, aggregate, build_engine_request,
                           decode_infer_request, deserialize_bytes, infer_response,
                           parameters_from_pb, serialize_bytes, stream_response)
 
-LIMITS = EngineLimits(vocab_size=100, max_seq_len=64, max_input_len=63, max_iter_times=32)
+LIMITS = EngineLimits(vocab_size=100, max_seq_len=64, max_input_len=63, max_iter_times=32,
+                      max_token_bytes=8)
 TOKENS = [5, 17, 99]
 TEXT = "héllo 👍"
+
+
+def engine_request(call: InferCall, encode: Callable[[str], list[int]], request_id: str = "r"
+                   ) -> GenerationRequest:
+    """build_engine_request with `encode` as the engine's tokenizer."""
+    async def encoding(text: str) -> list[int]:
+        return encode(text)
+    return asyncio.run(build_engine_request(call, request_id, encoding, LIMITS))
 
 
 def uint32s(values: list[int]) -> bytes:
@@ -262,7 +273,7 @@ def test_parameters_keep_their_types() -> None:
 
 def test_build_engine_request_validates_tokens_and_parameters() -> None:
     call = decode_infer_request(with_parameters(token_request(), max_new_tokens=5, seed=11))
-    request = build_engine_request(call, "server-id-1", lambda text: [], LIMITS)
+    request = engine_request(call, lambda text: [], "server-id-1")
     assert request.request_id == "server-id-1"
     assert request.prompt_token_ids == tuple(TOKENS)
     assert (request.sampling.max_new_tokens, request.sampling.seed) == (5, 11)
@@ -270,7 +281,7 @@ def test_build_engine_request_validates_tokens_and_parameters() -> None:
 
 def test_build_engine_request_encodes_text_prompts() -> None:
     call = decode_infer_request(text_request())
-    request = build_engine_request(call, "r", lambda text: [len(text), 1], LIMITS)
+    request = engine_request(call, lambda text: [len(text), 1])
     assert request.prompt_token_ids == (len(TEXT), 1)
 
 
@@ -282,7 +293,7 @@ def test_prompt_errors_name_the_input_tensor(make: Callable[[], pb.ModelInferReq
                                              encoded: list[int] | None, field: str) -> None:
     call = decode_infer_request(make())
     with pytest.raises(InvalidRequest) as caught:
-        build_engine_request(call, "r", lambda text: encoded, LIMITS)
+        engine_request(call, lambda text: encoded)
     assert caught.value.field == field
     assert "token id 100 at position 1" in caught.value.reason
     assert caught.value.message.startswith(f"{field}: ")
@@ -291,14 +302,14 @@ def test_prompt_errors_name_the_input_tensor(make: Callable[[], pb.ModelInferReq
 def test_prompt_too_long_keeps_its_kind_under_the_input_name() -> None:
     call = decode_infer_request(token_request([1] * 64))
     with pytest.raises(PromptTooLong) as caught:
-        build_engine_request(call, "r", lambda text: [], LIMITS)
+        engine_request(call, lambda text: [])
     assert caught.value.field == "input0"
 
 
 def test_parameter_errors_keep_their_field() -> None:
     call = decode_infer_request(with_parameters(token_request(), temperature=0.0))
     with pytest.raises(InvalidRequest) as caught:
-        build_engine_request(call, "r", lambda text: [], LIMITS)
+        engine_request(call, lambda text: [])
     assert caught.value.field == "temperature"
 
 

@@ -14,6 +14,7 @@ import grpc
 import pytest
 
 from switchboard.gateway.config import GatewayConfig, Plane, PlaneConfig, TLSMode, UpstreamConfig
+from switchboard.proto.constants import MAX_MESSAGE_BYTES
 from switchboard.tls import DevPKIPaths, TLSConfigError, TLSFiles
 
 
@@ -126,6 +127,17 @@ def test_one_client_address_holds_as_many_connections_as_max_links_unless_told(
     config = GatewayConfig(planes(server_files), UpstreamConfig(), max_connections=40,
                            max_client_connections=120)
     assert config.connections_per_client == 120
+
+
+def test_a_body_limit_past_what_the_server_takes_as_a_message_is_refused(
+        server_files: TLSFiles) -> None:
+    """A body becomes a gRPC message of up to twice its size: one the server would refuse as
+    RESOURCE_EXHAUSTED, which clients read as an overload."""
+    assert GatewayConfig(planes(server_files), UpstreamConfig()).max_body_bytes == \
+        MAX_MESSAGE_BYTES // 2
+    with pytest.raises(ValueError, match="max_body_bytes must be at most"):
+        GatewayConfig(planes(server_files), UpstreamConfig(),
+                      max_body_bytes=MAX_MESSAGE_BYTES // 2 + 1)
 
 
 def test_planes_may_share_a_port_only_with_the_same_tls(server_files: TLSFiles,

@@ -26,7 +26,8 @@ from switchboard.engine.params import OutputPattern
 from switchboard.engine.request import FinishReason
 from switchboard.engine.validation import build_request
 
-LIMITS = EngineLimits(vocab_size=100, max_seq_len=64, max_input_len=63, max_iter_times=64)
+LIMITS = EngineLimits(vocab_size=100, max_seq_len=64, max_input_len=63, max_iter_times=64,
+                      max_token_bytes=8)
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"},
                                            "population": {"type": "integer"}},
           "required": ["city", "population"]}

@@ -465,7 +465,7 @@ def test_a_limit_above_what_holds_is_logged_with_what_does(caplog: pytest.LogCap
     and the KV pool allow is what holds, and the log says so."""
     with caplog.at_level(logging.WARNING, logger="switchboard.engine.config"):
         limits = EngineLimits.from_config(EngineConfig(max_seq_len=100_000), vocab_size=10,
-                                          max_position_embeddings=8192,
+                                          max_token_bytes=8, max_position_embeddings=8192,
                                           kv_capacity_tokens=capacity)
     assert limits.max_seq_len == min(8192, capacity)
     assert [record.getMessage() for record in caplog.records] == [message]

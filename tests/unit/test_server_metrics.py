@@ -24,7 +24,8 @@ STATS = EngineStats(num_free_blocks=25, num_total_blocks=100, num_waiting=3, num
                     num_preemptions=4, block_size=16, max_batch_size=8, num_steps=12,
                     num_drafts=5, num_draft_tokens=15, num_accepted_tokens=9,
                     num_accepted_tokens_per_position=(5, 3, 1))
-LIMITS = EngineLimits(vocab_size=100, max_seq_len=64, max_input_len=63, max_iter_times=64)
+LIMITS = EngineLimits(vocab_size=100, max_seq_len=64, max_input_len=63, max_iter_times=64,
+                      max_token_bytes=8)
 
 
 def families(metrics: ServerMetrics) -> dict[str, list]:

@@ -7,43 +7,43 @@ reads them."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
 
 import pytest
 
 from switchboard.engine.chat import ChatMessage, ChatPrompt
 from switchboard.engine.config import EngineLimits
 from switchboard.engine.errors import InvalidRequest
+from switchboard.engine.tokenization import Tokenization
 from switchboard.proto import switchboard_pb2 as sb
 from switchboard.server.generation import GenerationServicer, chat_prompt
 from switchboard.server.served_model import ServedModel
 
 MODEL = "m"
-LIMITS = EngineLimits(vocab_size=1000, max_seq_len=64, max_input_len=63, max_iter_times=64)
+LIMITS = EngineLimits(vocab_size=1000, max_seq_len=64, max_input_len=63, max_iter_times=64,
+                      max_token_bytes=8)
 TEMPLATED = "<s>Hi"
 
 
-class CharacterEngine:
+class CharacterPrompts:
     """One token per character, its code point, and a BOS token (1) when special tokens are
     added; the chat template writes TEMPLATED."""
 
-    is_healthy = True
-    limits = LIMITS
-
-    def render_chat(self, prompt: ChatPrompt) -> str:
+    async def render_chat(self, prompt: ChatPrompt) -> str:
         return TEMPLATED
 
-    def encode_with_spans(self, text: str, add_special_tokens: bool = True
-                          ) -> tuple[list[int], list[tuple[int, int]]]:
+    async def tokenize(self, text: str, add_special_tokens: bool = True) -> Tokenization:
         bos = [(1, (0, 0))] if add_special_tokens else []
         tokens = bos + [(ord(character), (i, i + 1)) for i, character in enumerate(text)]
-        return [token for token, _ in tokens], [span for _, span in tokens]
+        ids = [token for token, _ in tokens]
+        return Tokenization(ids=ids, spans=[span for _, span in tokens],
+                            texts=[chr(token_id) for token_id in ids],
+                            vocabulary_strings=[f"<{token_id}>" for token_id in ids])
 
-    def token_texts(self, token_ids: Sequence[int]) -> list[str]:
-        return [chr(token_id) for token_id in token_ids]
 
-    def vocabulary_strings(self, token_ids: Sequence[int]) -> list[str]:
-        return [f"<{token_id}>" for token_id in token_ids]
+class CharacterEngine:
+    is_healthy = True
+    limits = LIMITS
+    prompts = CharacterPrompts()
 
 
 def test_chat_tokens_are_those_of_the_templated_text_with_their_spans_in_it() -> None:

@@ -7,13 +7,13 @@ import json
 
 import numpy as np
 import pytest
-from test_codec import (LIMITS, TEXT, add_string, output, rejection, text_request,
+from test_codec import (TEXT, add_string, engine_request, output, rejection, text_request,
                         token_request, with_parameters)
 
 from switchboard.engine.errors import InvalidRequest
 from switchboard.engine.request import FinishReason
 from switchboard.proto import grpc_service_pb2 as pb
-from switchboard.server.codec import (InferResult, build_engine_request, decode_infer_request,
+from switchboard.server.codec import (InferResult, decode_infer_request,
                           final_stream_response, infer_response, serialize_bytes,
                           stream_response)
 from switchboard.server.triton_vllm import VllmOptions
@@ -77,7 +77,7 @@ def test_the_tensor_wins_over_the_request_parameters_but_tritons_priority_and_ti
 
 def vllm_engine_request(sampling: dict) -> object:
     call = decode_infer_request(vllm_request(stream=False, sampling=sampling))
-    return build_engine_request(call, "r", lambda text: [1, 2], LIMITS).sampling
+    return engine_request(call, lambda text: [1, 2]).sampling
 
 
 @pytest.mark.parametrize(("seed", "engine_seed"), [(0, 0), (7, 7), (-2, 2**64 - 2)])
@@ -140,7 +140,7 @@ def test_invalid_vllm_requests_name_the_field(request_: pb.ModelInferRequest, fi
 def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens() -> None:
     call = decode_infer_request(vllm_request(sampling={"truncate_prompt_tokens": "1"}))
     assert call.parameters["truncate"] == 1
-    assert build_engine_request(call, "r", lambda text: [1, 2], LIMITS).prompt_token_ids == (2,)
+    assert engine_request(call, lambda text: [1, 2]).prompt_token_ids == (2,)
 
 
 @pytest.mark.parametrize(("sampling", "field"), [

@@ -12,7 +12,8 @@ from switchboard.engine.errors import InvalidRequest, PromptTooLong
 from switchboard.engine.params import GenerationRequest
 from switchboard.engine.validation import MINDIE_SEED_RANGE, build_request
 
-LIMITS = EngineLimits(vocab_size=100, max_seq_len=64, max_input_len=63, max_iter_times=32)
+LIMITS = EngineLimits(vocab_size=100, max_seq_len=64, max_input_len=63, max_iter_times=32,
+                      max_token_bytes=8)
 PROMPT = (1, 2, 3)
 UINT64_MAX = 2**64 - 1
 INT32_MAX = 2**31 - 1
