@@ -156,7 +156,7 @@ def parameter_notes(validation) -> dict[str, Note]:
                          default=str(DEFAULT_PRIORITY)),
         "timeout": Note("seconds: the request ends with an error when it passes",
                         default=f"{DEFAULT_TIMEOUT_S:g}"),
-        "watermark": Note("watermarking is not supported: true is refused"),
+        "watermark": Note("accepted and ignored: no watermark is applied, as in MindIE"),
         "details": Note("MindIE's: checked, without effect on generation"),
         "perf_stat": Note("MindIE's: checked, without effect on generation"),
         "batch_size": Note("MindIE's: checked, without effect on generation", default="none"),
