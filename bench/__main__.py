@@ -281,10 +281,10 @@ def _parser() -> argparse.ArgumentParser:
                              "quantized) and those baselines run this many times in turn, "
                              f"each side's fastest turn counted (default: {TURNS})")
     parser.add_argument("--seed", type=int, default=1234, help="workload seed (default: 1234)")
-    parser.add_argument("--quantization", choices=QUANTIZATIONS, default="none",
+    parser.add_argument("--quantization", choices=QUANTIZATIONS, default="auto",
                         help="the server's --quantization; a quantized run is also compared "
                              "with transformers' static batch of 64 and written as "
-                             "latest-<scheme>.* (default: none, the server's; auto: gguf "
+                             "latest-<scheme>.* (default: auto, the server's default: gguf "
                              "for a .gguf model on CPU)")
     parser.add_argument("--against-llama-server", type=Path, metavar="PATH",
                         help="a llama.cpp llama-server binary: the OpenAI route's levels run "

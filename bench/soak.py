@@ -238,8 +238,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__)
     parser.add_argument("--duration", type=float, default=600.0, help="seconds of traffic")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--quantization", choices=QUANTIZATIONS, default="none",
-                        help="the server's --quantization (default: none, as the server's)")
+    parser.add_argument("--quantization", choices=QUANTIZATIONS, default="auto",
+                        help="the server's --quantization (default: auto, as the server's)")
     parser.add_argument("--out", type=Path,
                         default=Path(__file__).resolve().parent / "results" / "soak.json")
     args = parser.parse_args(argv)

@@ -41,12 +41,9 @@ class EngineConfig:
 
     model: a Hugging Face folder or a .gguf file; None means the packaged SmolLM2.
     quantization: weight-only quantized linears on CPU (see `quantization.py`): int8, int4, or
-    gguf (a GGUF file's own precision per matrix); none (the default) keeps the dtype's
-    weights; auto is gguf for a .gguf file on a CPU unless a dtype is asked for (the file
-    served in its own quantization, as llama.cpp serves it), none for anything else. auto is
-    not the default: with SmolLM2's Q4_1 weights the README's OpenAI chat example, whose
-    float32 answer wins a near tie at its first token, answers otherwise (see
-    docs/performance-defaults.md).
+    gguf (a GGUF file's own precision per matrix); none keeps the dtype's weights; auto is
+    gguf for a .gguf file on a CPU unless a dtype is asked for (the file served in its own
+    quantization, as llama.cpp serves it), none for anything else.
     cache_dir: where a GGUF file's one-time conversion to a Hugging Face folder is kept
     (parsing GGUF metadata takes ~20 s on a small CPU; the converted folder loads in ~1 s).
     max_batched_tokens: prompt tokens computed per engine step, besides one token for each
@@ -77,7 +74,7 @@ class EngineConfig:
     device: str = "auto"
     dtype: str = "auto"
     cache_dir: Path | None = None
-    quantization: str = "none"
+    quantization: str = "auto"
     max_seq_len: int = 2560
     max_input_token_len: int = 2048
     max_iter_times: int = 512

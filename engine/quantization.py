@@ -19,8 +19,11 @@ faster on this CPU when the model was loaded (see `measured_choice.py`):
   each product, a slice of output channels at a time, into a small reusable buffer, which
   costs no memory.
 
-Both ways use the same (bf16-rounded) scales, so they compute the same weights (a copy
-rounds them once more: to bf16's 8 significant bits, or fp16's 11).
+Scales and zero points are kept in float32 as derived: the dense forms compute from them (a
+copy rounds each weight once: to bf16's 8 significant bits, or fp16's 11), and only PyTorch's
+kernels take them rounded to bf16. For a GGUF file's Q4_1 blocks that keeps the file's fp16
+scales and offsets: rounded to bf16, they flipped a near tie the float32 model wins (see
+docs/performance-defaults.md).
 
 The `gguf` scheme keeps a GGUF file's own precision per tensor: its 4-bit blocks stay 4-bit in
 groups of 32, which for Q4_1 re-derives the file's grid exactly (its quantizer maps each
@@ -60,7 +63,7 @@ class QuantizationError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class QuantizedWeight:
-    """codes [out, in] int8; scales and zeros [out, in // group, 1] float32 (bf16-rounded),
+    """codes [out, in] int8; scales and zeros [out, in // group, 1] float32,
     zeros None for the symmetric int8 grid: weight = codes * scales + zeros, per group."""
 
     bits: int
@@ -78,16 +81,16 @@ class QuantizedWeight:
                                         f"{INT4_GROUP_SIZE}; got {in_features}")
             groups = weight.view(out_features, -1, INT4_GROUP_SIZE)
             low, high = groups.amin(-1, keepdim=True), groups.amax(-1, keepdim=True)
-            scales = _bf16((high - low) / 15)
+            scales = (high - low) / 15
             scales = torch.where(scales > 0, scales, torch.ones_like(scales))
             # Codes are stored centred on zero ([-8, 7]): the int4 kernel subtracts 8 from its
             # unsigned nibbles and adds the zero point, so zeros are the offset of code 0.
-            zeros = _bf16(low + 8 * scales)
+            zeros = low + 8 * scales
             codes = torch.round((groups - zeros) / scales).clamp(-8, 7)
             return cls(4, codes.to(torch.int8).view(out_features, in_features), scales, zeros)
         if bits == 8:
             groups = weight.view(out_features, 1, in_features)
-            scales = _bf16(groups.abs().amax(-1, keepdim=True) / 127)
+            scales = groups.abs().amax(-1, keepdim=True) / 127
             scales = torch.where(scales > 0, scales, torch.ones_like(scales))
             codes = torch.round(groups / scales).clamp(-127, 127).to(torch.int8)
             return cls(8, codes.view(out_features, in_features), scales, None)
@@ -372,8 +375,3 @@ def gguf_bits(gguf_file: Path) -> dict[str, int]:
     return {tensor.name.removesuffix(".weight"):
             4 if tensor.tensor_type.name in FOUR_BIT_GGUF_TYPES else 8
             for tensor in GGUFReader(gguf_file).tensors if len(tensor.shape) == 2}
-
-
-def _bf16(values: torch.Tensor) -> torch.Tensor:
-    """float32 values rounded to bf16, the precision the weight-only kernels take scales in."""
-    return values.to(torch.bfloat16).float()

@@ -139,8 +139,8 @@ def _add_server_arguments(parser: argparse.ArgumentParser) -> dict[str, str]:
              "keeps a .gguf model's weights unquantized in it unless --quantization says more")
     add("--quantization", choices=QUANTIZATIONS,
         help="weight-only quantized linears on CPU: int8, int4, gguf (a .gguf file's own "
-             "precision per matrix), or auto (gguf for a .gguf model on CPU without --dtype, "
-             "else none); default: none")
+             "precision per matrix), or none; default: auto (gguf for a .gguf model on CPU "
+             "without --dtype, else none)")
     add("--enforce-eager", action="store_true", default=None,
         help="run every step eagerly: no CUDA graphs for decode steps")
     add("--speculate", type=int, dest="num_speculative_tokens", metavar="N",

@@ -1,5 +1,5 @@
-"""Weight-only quantization (`--quantization int8|int4|gguf`, and auto, which is gguf for the
-packaged model) with the real packaged model:
+"""Weight-only quantization (`--quantization int8|int4|gguf`; gguf is the packaged model's
+default) with the real packaged model:
 quality is measured, not assumed. Teacher-forced over a fixed text, the quantized runner's
 top-1 next token agrees with the float32 model's at least 95% of the time for int8 and gguf,
 90% for int4, whichever dense form multiplies many rows; the greedy answers of the foundation
@@ -87,10 +87,10 @@ def test_teacher_forced_top1_agrees_with_float32(scheme: str, dense_copy: DenseC
     assert agreement >= AGREEMENT[scheme], f"{scheme}: {agreement:.1%} top-1 agreement"
 
 
-def test_auto_serves_the_packaged_gguf_model_as_the_gguf_scheme() -> None:
-    """`--quantization auto`: the packaged .gguf model in its own precisions, the plan the
+def test_the_default_serves_the_packaged_gguf_model_as_the_gguf_scheme() -> None:
+    """`make run`'s default: the packaged .gguf model in its own precisions, the plan the
     gguf scheme's tolerance above (and its greedy answers below) are tested with."""
-    default = load_model(EngineConfig(cache_dir=CACHE_DIR, quantization="auto")).quantization
+    default = load_model(EngineConfig(cache_dir=CACHE_DIR)).quantization
     gguf = load_model(EngineConfig(cache_dir=CACHE_DIR, quantization="gguf")).quantization
     assert default == gguf
     assert default.scheme == "gguf" and 4 in default.gguf_bits.values()

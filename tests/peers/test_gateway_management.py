@@ -133,8 +133,9 @@ def test_config_has_mindies_keys_consistent_with_the_model_config(gateway, grpc_
     info = ok(request(gateway.url("business"), client_files, "/info"))
     assert (info["max_total_tokens"], info["max_input_length"]) == (
         config["maxSeqLen"], config["maxInputTokenLen"])
+    # The packaged .gguf model is served in its own quantization by default.
     assert (info["model_dtype"], info["model_device_type"], parameters["quantization"]) == (
-        "float32", "cpu", "none")
+        "float32", "cpu", "gguf")
     slots = ok(management(gateway, client_files, f"/v2/models/{model}/getSlotCount"))
     assert slots["total_slots"] == config["maxBatchSize"]
 

@@ -42,6 +42,21 @@ def test_int4_reproduces_a_q4_1_grid_exactly() -> None:
     assert torch.equal(dequantized(QuantizedWeight.quantize(weight, 4)), weight)
 
 
+def test_int4_keeps_a_q4_1_files_fp16_scales_and_minimums() -> None:
+    """A GGUF file keeps each Q4_1 block's scale and minimum in fp16, 3 bits more than bf16:
+    rounded to bf16 they moved the weights enough to flip SmolLM2's answer to the README's
+    chat example, so the dequantised weights keep them."""
+    generator = torch.Generator().manual_seed(0)
+    codes = torch.randint(0, 16, (8, 4, INT4_GROUP_SIZE), generator=generator)
+    codes[..., 0], codes[..., 1] = 0, 15
+    scales = torch.tensor([0.0123, 0.0371, 0.00917, 0.0549]).half().float().view(1, 4, 1)
+    minimums = torch.tensor([-0.0951, -0.2187, -0.0713, -0.4133]).half().float().view(1, 4, 1)
+    assert not torch.equal(scales.bfloat16().float(), scales)
+    weight = (codes * scales + minimums).view(8, -1)
+    assert torch.allclose(dequantized(QuantizedWeight.quantize(weight, 4)), weight,
+                          rtol=0, atol=1e-6)
+
+
 @pytest.mark.parametrize("bits", [4, 8])
 def test_zero_rows_and_constant_groups_survive(bits: int) -> None:
     weight = torch.zeros(4, 64)

@@ -279,7 +279,7 @@ def test_quantization_comes_from_the_config_file_or_the_flag(tmp_path: Path) -> 
     assert configs("--config", str(path), "--insecure")[0].quantization == "gguf"
     assert configs("--config", str(path), "--quantization", "int4",
                    "--insecure")[0].quantization == "int4"
-    assert configs("--insecure")[0].quantization == "none"
+    assert configs("--insecure")[0].quantization == "auto"
     with pytest.raises(ValueError,
                        match="quantization must be one of auto, none, int8, int4, gguf"):
         configs("--config", str(write_config(tmp_path, {"quantization": "int3"})), "--insecure")
