@@ -24,6 +24,7 @@ from switchboard.engine.request import (FinishReason, Request, RequestOutput, Re
                             TokenLogprob)
 from switchboard.engine.sampler import make_generator, sample_batch
 from switchboard.engine.scheduler import ScheduledChunk, Scheduler
+from switchboard.engine.tool_parsers import held_prefix_length
 
 logger = logging.getLogger(__name__)
 
@@ -348,7 +349,7 @@ class EngineCore:
         prompt_logprobs = (None, *request.prompt_logprobs) \
             if sampling.prompt_logprobs and first_token else ()
         held_back = 0 if finish is not None or sampling.include_stop_str_in_output \
-            else _partial_stop_length(request.text, sampling.stop)
+            else held_prefix_length(request.text, sampling.stop)
         emit_to = max(request.num_emitted_chars, len(request.text) - held_back)
         delta = request.text[request.num_emitted_chars:emit_to]
         request.num_emitted_chars = emit_to
@@ -402,15 +403,3 @@ class EngineCore:
             seed=request.spec.sampling.seed,
             error=error,
         )
-
-
-def _partial_stop_length(text: str, stops: tuple[str, ...]) -> int:
-    """The length of the longest end of `text` that begins one of `stops` (one complete in
-    it has already ended the request)."""
-    longest = 0
-    for stop in stops:
-        for size in range(min(len(stop) - 1, len(text)), longest, -1):
-            if text.endswith(stop[:size]):
-                longest = size
-                break
-    return longest
