@@ -26,8 +26,8 @@ MAX_SEQUENCES = 128
 # The structured-output cache by default: this share of the machine's memory, within bounds.
 GUIDED_CACHE_SHARE = 64
 GUIDED_CACHE_MIB_RANGE = (64, 1024)
-# A compiling process's own needs (Python, outlines-core, the vocabulary) take ~30 MiB; a
-# generic JSON object's index over a 49k vocabulary takes ~230 MiB to compile.
+# A compiling process needs room for itself (Python, outlines-core, the vocabulary) and for
+# an ordinary pattern's index, a generic JSON object's included (figures: docs/limits.md).
 MIN_GUIDED_COMPILE_MIB = 64
 DEFAULT_GUIDED_COMPILE_MIB = 512
 DEFAULT_GUIDED_COMPILE_CPU_SECONDS = 60
