@@ -405,7 +405,7 @@ def test_details_describe_each_streamed_token_as_kserves_generate_extension() ->
     """With MindIE's details (KServe's generate extension's), the engine scores the tokens
     and each response names its token's text, log-probability and whether it is special."""
     call = decode_infer_request(with_parameters(text_request(), details=True))
-    assert build_engine_request(call, "r", lambda text: [1], LIMITS).sampling.logprobs == 0
+    assert engine_request(call, lambda text: [1]).sampling.logprobs == 0
     event = dataclasses.replace(output("", 2, 1), decoded_text="</s>",
                                 logprobs=(TokenLogprob(2, -0.25),))
     parameters = stream_response(call, "smollm2", event, frozenset({2})).infer_response.parameters
@@ -416,7 +416,7 @@ def test_details_describe_each_streamed_token_as_kserves_generate_extension() ->
 
 def test_without_details_responses_describe_no_token() -> None:
     call = decode_infer_request(text_request())
-    assert build_engine_request(call, "r", lambda text: [1], LIMITS).sampling.logprobs is None
+    assert engine_request(call, lambda text: [1]).sampling.logprobs is None
     parameters = stream_response(call, "smollm2", output("he", 7, 1)).infer_response.parameters
     assert set(parameters) == {"triton_final_response", "token_id"}
 

@@ -91,7 +91,8 @@ def test_an_answer_of_calls_only_has_null_content_and_finish_reason_tool_calls()
     assert choice["message"] == {"role": "assistant", "content": None, "tool_calls": [
         {"id": "call_a", "type": "function",
          "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
-        {"id": "call_b", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}]}
+        {"id": "call_b", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}],
+        "refusal": None}
 
 
 def test_reasoning_comes_as_reasoning_content_and_counts_in_usage() -> None:
@@ -102,7 +103,7 @@ def test_reasoning_comes_as_reasoning_content_and_counts_in_usage() -> None:
                                        generated_tokens=5))
     answer = openai.reply([openai.Call(sb.GenerateRequest(), None)], [generation], options())
     assert answer["choices"][0]["message"] == {"role": "assistant", "content": "Hello!",
-                                               "reasoning_content": "Greeting."}
+                                               "reasoning_content": "Greeting.", "refusal": None}
     assert answer["choices"][0]["finish_reason"] == "stop"
     assert answer["usage"]["completion_tokens_details"] == {"reasoning_tokens": 3}
 
