@@ -10,7 +10,6 @@ from switchboard.gateway.handler import METADATA_TIMEOUT_S, Handler
 from switchboard.gateway.protocols import kserve, triton
 from switchboard.gateway.protocols.kserve import optional_string, require_object
 from switchboard.gateway.sse import sse_event
-from switchboard.gateway.upstream import STATUS_ERRORS
 from switchboard.proto import grpc_service_pb2 as pb
 from switchboard.proto import switchboard_pb2 as sb
 
@@ -113,13 +112,12 @@ class GenerateHandler(Handler):
         self.write_json(stream.reply())
 
     def _start(self, model: str, version: str | None
-               ) -> tuple[grpc.aio.StreamStreamCall, triton.GenerateStream | triton.TritonReplies]:
+               ) -> tuple[grpc.aio.UnaryStreamCall, triton.GenerateStream | triton.TritonReplies]:
         request, options = triton.generate_request_to_pb(model, version or "",
                                                          kserve.parse_json(self.body),
                                                          self.streams)
         self.names = options.names
-        call = self.upstream.inference.ModelStreamInfer(iter([request]), timeout=options.deadline_s,
-                                                        metadata=STATUS_ERRORS)
+        call = self.upstream.generation.InferStream(request, timeout=options.deadline_s)
         return self.track(call), triton.reply_stream(options)
 
 

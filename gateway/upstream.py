@@ -9,10 +9,9 @@ import grpc
 from switchboard.gateway.config import UpstreamConfig
 from switchboard.gateway.protocols.parameters import MAX_DEADLINE_S
 from switchboard.proto import grpc_service_pb2_grpc as pb_grpc
-from switchboard.proto.constants import GRPC_ERROR_HEADER, GRPC_MESSAGE_OPTIONS
+from switchboard.proto.constants import GRPC_MESSAGE_OPTIONS
 from switchboard.proto import switchboard_pb2_grpc as sb_grpc
 
-STATUS_ERRORS = ((GRPC_ERROR_HEADER, "true"),)
 # Reconnection attempts while the server is away: from 0.2 s apart, growing to 2 s at most
 # (gRPC's default grows to 120 s), so that the gateway serves again soon after it is back.
 RECONNECT_BACKOFF_MS = (200, 2000)

@@ -16,7 +16,3 @@ GRPC_MESSAGE_OPTIONS = (("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
 # the requests in flight run this long at most, in the gateway and in the server that its
 # StopService call tells.
 FORCED_STOP_S = 5.0
-# Triton's header asking ModelStreamInfer for stream errors as gRPC statuses rather than
-# in-band messages (inference_protocols.md): the gateway sends it so that each status maps
-# to its HTTP status.
-GRPC_ERROR_HEADER = "triton_grpc_error"

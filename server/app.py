@@ -71,9 +71,10 @@ class Server:
         self.stop_now = asyncio.Event()
 
     async def start(self) -> None:
-        pb_grpc.add_GRPCInferenceServiceServicer_to_server(
-            InferenceServicer(self._served, package_version()), self._grpc)
-        sb_grpc.add_GenerationServicer_to_server(GenerationServicer(self._served), self._grpc)
+        inference = InferenceServicer(self._served, package_version())
+        pb_grpc.add_GRPCInferenceServiceServicer_to_server(inference, self._grpc)
+        sb_grpc.add_GenerationServicer_to_server(GenerationServicer(self._served, inference),
+                                                 self._grpc)
         sb_grpc.add_ManagementServicer_to_server(
             ManagementServicer(self._served, self.stop_service,
                                None if self._config.is_insecure

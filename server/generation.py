@@ -19,13 +19,14 @@ from switchboard.engine.protocol import EngineClient
 from switchboard.engine.request import RequestOutput, TokenLogprob
 from switchboard.engine.validation import (INT_RANGES, MINDIE_SEED_RANGE, PATTERN_PARAMS,
                                            build_request, check_vocabulary)
+from switchboard.proto import grpc_service_pb2 as pb
 from switchboard.proto import switchboard_pb2 as sb
 from switchboard.proto import switchboard_pb2_grpc as sb_grpc
 from switchboard.server import codec
 from switchboard.server.errors import refusal
 from switchboard.server.json_text import decode_json
 from switchboard.server.served_model import ServedModel
-from switchboard.server.servicer import engine_errors
+from switchboard.server.servicer import InferenceServicer, engine_errors
 
 logger = logging.getLogger(__name__)
 
@@ -34,8 +35,16 @@ TOOL_CHOICE_MODES = {sb.TOOL_CHOICE_NONE: "none", sb.TOOL_CHOICE_AUTO: "auto",
 
 
 class GenerationServicer(sb_grpc.GenerationServicer):
-    def __init__(self, served: ServedModel) -> None:
+    def __init__(self, served: ServedModel, inference: InferenceServicer) -> None:
         self.served = served
+        self.inference = inference
+
+    async def InferStream(self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
+                          ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        async with contextlib.aclosing(self.inference.stream(_one(request), context,
+                                                             status_errors=True)) as responses:
+            async for response in responses:
+                yield response
 
     async def Generate(self, request: sb.GenerateRequest, context: grpc.aio.ServicerContext
                        ) -> AsyncIterator[sb.GenerateResponse]:
@@ -210,3 +219,7 @@ def generate_response(event: RequestOutput, spec: GenerationRequest,
         response.first_token_us = round(event.timings.first_token * codec.MICROSECONDS)
         response.token_latency_us = round(event.timings.token_latency * codec.MICROSECONDS)
     return response
+
+
+async def _one(request: pb.ModelInferRequest) -> AsyncIterator[pb.ModelInferRequest]:
+    yield request

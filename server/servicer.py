@@ -20,7 +20,6 @@ from switchboard.engine.errors import EngineError, GenerationFailed, NotFound
 from switchboard.engine.request import RequestOutput
 from switchboard.proto import grpc_service_pb2 as pb
 from switchboard.proto import grpc_service_pb2_grpc as pb_grpc
-from switchboard.proto.constants import GRPC_ERROR_HEADER
 from switchboard.server import codec, model_info
 from switchboard.server.errors import refusal
 from switchboard.server.metrics import execution_count
@@ -32,6 +31,9 @@ Response = TypeVar("Response")
 ServicerClass = TypeVar("ServicerClass")
 # A stream request that failed, and why: it ends that request only.
 StreamError = tuple[pb.ModelInferRequest, EngineError]
+# Triton's header asking ModelStreamInfer for stream errors as gRPC statuses rather than
+# in-band messages (inference_protocols.md).
+GRPC_ERROR_HEADER = "triton_grpc_error"
 
 
 def engine_errors(rpc: Callable[..., Awaitable[Response]]) -> Callable[..., Awaitable[Response]]:
@@ -139,11 +141,20 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelStreamInfer(self, request_iterator: AsyncIterator[pb.ModelInferRequest],
                                context: grpc.aio.ServicerContext
                                ) -> AsyncIterator[pb.ModelStreamInferResponse]:
-        """Decoupled streaming: each request on the stream runs concurrently and its responses
-        interleave. An error ends only its own request, in-band (`error_message`), unless the
-        call carries Triton's `triton_grpc_error: true` header: then the stream ends with the
-        error's gRPC status, which is how the gateway tells a bad request from an overload."""
+        """Decoupled streaming. An error ends only its own request, in-band (`error_message`),
+        unless the call carries Triton's `triton_grpc_error: true` header: then the stream ends
+        with the error's gRPC status."""
         status_errors = dict(context.invocation_metadata() or ()).get(GRPC_ERROR_HEADER) == "true"
+        async with contextlib.aclosing(self.stream(request_iterator, context,
+                                                   status_errors=status_errors)) as responses:
+            async for response in responses:
+                yield response
+
+    async def stream(self, request_iterator: AsyncIterator[pb.ModelInferRequest],
+                     context: grpc.aio.ServicerContext, *, status_errors: bool
+                     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        """Each request on the stream runs concurrently and its responses interleave. An error
+        ends its own request in-band, or, with `status_errors`, the stream with its status."""
         outbox: asyncio.Queue[pb.ModelStreamInferResponse | StreamError | None] = asyncio.Queue()
         running: set[asyncio.Task[None]] = set()
 

@@ -628,6 +628,7 @@ def test_reflection_lists_generation_and_management(channel) -> None:
         "Tokenize": (".switchboard.v1.TokenizeRequest", ".switchboard.v1.TokenizeResponse", False),
         "Detokenize": (".switchboard.v1.DetokenizeRequest", ".switchboard.v1.DetokenizeResponse",
                        False),
+        "InferStream": (".inference.ModelInferRequest", ".inference.ModelStreamInferResponse", True),
     }
 
 
