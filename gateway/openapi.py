@@ -213,7 +213,7 @@ OPENAI_COMMON: dict[str, JSON] = {
     # Accepted with any value, without effect.
     "user": STRING, "store": BOOLEAN, "metadata": {"type": "object"}, "service_tier": STRING,
     "prompt_cache_key": STRING, "prompt_cache_retention": STRING, "safety_identifier": STRING,
-    "parallel_tool_calls": BOOLEAN, "reasoning_effort": STRING, "verbosity": STRING,
+    "reasoning_effort": STRING, "verbosity": STRING,
     "prediction": {"type": "object"}, "guided_decoding_backend": STRING,
     # Accepted at the values that change nothing (null, or the one listed).
     "modalities": array(only("text", STRING), minItems=1, maxItems=1), "audio": NULL,
@@ -301,7 +301,7 @@ REQUESTS: dict[str, JSON] = {
                     # "auto" (the default with tools) needs the server's
                     # --enable-auto-tool-choice and --tool-call-parser.
                     "tools": array(TOOL), "tool_choice": TOOL_CHOICE,
-                    **CHAT_TEMPLATE_OPTIONS}),
+                    "parallel_tool_calls": BOOLEAN, **CHAT_TEMPLATE_OPTIONS}),
     }, ["messages"], closed=True),
     "ResponsesRequest": obj({
         **optional({**{name: schema for name, schema in OPENAI_SAMPLING.items() if name != "n"},

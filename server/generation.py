@@ -17,11 +17,11 @@ from switchboard.engine.errors import EngineError, InvalidRequest
 from switchboard.engine.params import GenerationRequest
 from switchboard.engine.protocol import EngineClient
 from switchboard.engine.request import RequestOutput, TokenLogprob
-from switchboard.engine.validation import (INT_RANGES, MINDIE_SEED_RANGE, PATTERN_PARAMS,
-                                           build_request, check_vocabulary)
+from switchboard.engine.validation import PATTERN_PARAMS, build_request, check_vocabulary
 from switchboard.proto import grpc_service_pb2 as pb
 from switchboard.proto import switchboard_pb2 as sb
 from switchboard.proto import switchboard_pb2_grpc as sb_grpc
+from switchboard.proto.generation_fields import requested_values
 from switchboard.server import codec
 from switchboard.server.errors import refusal
 from switchboard.server.json_text import decode_json
@@ -51,11 +51,9 @@ class GenerationServicer(sb_grpc.GenerationServicer):
         try:
             engine = self.served.named_engine(request.model_name)
             codec.check_client_id(request.id)
-            values = codec.parameter_values(request.parameters)
+            values = requested_values(request)
             prompt_token_ids, plan = await _prompt(engine, request, values)
-            spec = build_request(uuid.uuid4().hex, prompt_token_ids, values, engine.limits,
-                                 seed_range=MINDIE_SEED_RANGE if request.mindie_ranges
-                                 else INT_RANGES["seed"])
+            spec = build_request(uuid.uuid4().hex, prompt_token_ids, values, engine.limits)
             logger.info("request %s (client id %r): %d prompt tokens, generation", spec.request_id,
                         request.id, len(spec.prompt_token_ids))
             tokens = TokenDescriber(engine)

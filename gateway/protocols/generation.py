@@ -8,7 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from switchboard.gateway.errors import RequestError, bad_request, field_in_protocol
-from switchboard.gateway.protocols.parameters import UINT32_MAX, set_parameters
+from switchboard.gateway.protocols.parameters import UINT32_MAX, call_deadline_s
+from switchboard.proto import generation_fields
 from switchboard.proto import switchboard_pb2 as sb
 
 # The server's name for the prompt, whatever a protocol calls it.
@@ -31,11 +32,11 @@ def generate_request(model: str, prompt: str | list[int] | sb.ChatMessages,
             raise bad_request(PROMPT, f"token ids must be in [0, {UINT32_MAX}]")
         else:
             request.token_ids.ids.extend(prompt)
-        if isinstance(parameters.get("stop"), str):
-            # One stop string travels as a one-element list: a string starting with "[" would
-            # otherwise read as a JSON array on the server.
-            parameters = {**parameters, "stop": [parameters["stop"]]}
-        return request, set_parameters(request.parameters, parameters)
+        try:
+            generation_fields.fill(request, parameters)
+        except generation_fields.FieldError as error:
+            raise bad_request(error.field, error.reason) from None
+        return request, call_deadline_s(parameters.get("timeout"))
     except RequestError as error:
         if error.field is None or error.reason is None or not names:
             raise
@@ -53,17 +54,12 @@ def add_output_format(field: str, value: object, values: dict[str, object],
     return {**names, **{field: name for name in pattern}}
 
 
-def json_text(schema: object) -> object:
-    """A schema object as the JSON text a parameter carries; text as it is."""
-    return json.dumps(schema) if isinstance(schema, dict) else schema
-
-
 def _output_pattern(field: str, value: object) -> dict[str, object]:
     """A structured-output request as the server's pattern parameter: OpenAI's
     response_format ({"type": "text" | "json_object"}, or "json_schema" with
     {"json_schema": {"schema": …}}) or TGI's grammar ({"type": "json", "value": schema},
     {"type": "regex", "value": expression}, or "json_schema" with {"value": {"schema": …}}).
-    A schema travels as JSON text; `field` names the request's field in errors."""
+    `field` names the request's field in errors."""
     if value is None:
         return {}
     if not isinstance(value, dict):
@@ -72,9 +68,9 @@ def _output_pattern(field: str, value: object) -> dict[str, object]:
     if kind == "text":
         return {}
     if kind == "json_object":
-        return {"guided_json": json_text({"type": "object"})}
+        return {"guided_json": {"type": "object"}}
     if kind == "json":
-        return {"guided_json": json_text(_required(value, field, "value"))}
+        return {"guided_json": _required(value, field, "value")}
     if kind == "regex":
         return {"guided_regex": _required(value, field, "value")}
     if kind == "json_schema":
@@ -83,7 +79,7 @@ def _output_pattern(field: str, value: object) -> dict[str, object]:
         if not isinstance(spec, dict):
             raise bad_request(f"{field}.{holder}",
                               f"must be an object with a schema; got {json.dumps(spec)}")
-        return {"guided_json": json_text(_required(spec, f"{field}.{holder}", "schema"))}
+        return {"guided_json": _required(spec, f"{field}.{holder}", "schema")}
     raise bad_request(f"{field}.type", 'must be "text", "json_object", "json_schema", "json" or '
                       f'"regex"; got {json.dumps(kind)}')
 

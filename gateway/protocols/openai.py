@@ -30,7 +30,7 @@ import grpc
 
 from switchboard.gateway.errors import bad_request
 from switchboard.gateway.protocols.generation import (Generation, add_output_format, generate_request,
-                                          json_text, optional_bool, renamed)
+                                          optional_bool, renamed)
 from switchboard.gateway.protocols import openai_tools
 from switchboard.gateway.protocols.kserve import optional_string, refuse_unknown, require_object
 from switchboard.gateway.protocols.parameters import json_type
@@ -59,8 +59,8 @@ SERVED_MODEL_PLACEHOLDERS = frozenset({"tgi", "dummy"})
 # Accepted with any value and without effect here: OpenAI's bookkeeping fields; and on chat
 # and completions, hints that a model without reasoning answers the same without (predicted
 # outputs only make answering faster) and vLLM's choice of structured-output backend.
-IGNORED_FIELDS = frozenset({"user", "store", "metadata", "service_tier", "parallel_tool_calls",
-                            "prompt_cache_key", "prompt_cache_retention", "safety_identifier"})
+IGNORED_FIELDS = frozenset({"user", "store", "metadata", "service_tier", "prompt_cache_key",
+                            "prompt_cache_retention", "safety_identifier"})
 IGNORED_HINTS = frozenset({"reasoning_effort", "verbosity", "prediction",
                            "guided_decoding_backend"})
 # OpenAI's and vLLM's options accepted at the values that change nothing (null always does),
@@ -77,7 +77,8 @@ ACCEPTED_FIELDS = SAMPLING_FIELDS | IGNORED_FIELDS | IGNORED_HINTS | set(NEUTRAL
 TEMPLATE_FIELDS = frozenset({"chat_template_kwargs", "add_generation_prompt",
                              "continue_final_message"})
 CHAT_FIELDS = ACCEPTED_FIELDS | TEMPLATE_FIELDS | {"messages", "max_completion_tokens",
-                                                   "top_logprobs", "tools", "tool_choice"}
+                                                   "top_logprobs", "tools", "tool_choice",
+                                                   "parallel_tool_calls"}
 COMPLETION_FIELDS = ACCEPTED_FIELDS | {"prompt", "echo", "best_of", "suffix"}
 # vLLM's structured_outputs keys → the server's pattern parameters.
 STRUCTURED_OUTPUTS = {"json": "guided_json", "regex": "guided_regex", "choice": "guided_choice",
@@ -237,7 +238,7 @@ def add_structured_outputs(value: object, values: dict[str, object],
         item = {"type": "object"}
     if values.get(parameter) is not None:
         raise bad_request(field, "asks for a second output format")
-    values[parameter] = json_text(item) if parameter == "guided_json" else item
+    values[parameter] = item
     return {**names, field: parameter}
 
 
@@ -251,11 +252,7 @@ def sampling_values(document: Mapping[str, object]) -> dict[str, object]:
     values = renamed({name: document.get(name) for name in SAMPLING_FIELDS}, NAMES)
     if refused := vllm_sampling.refusal(values):
         raise bad_request(*refused)
-    if document.get("logit_bias") is not None:
-        # An object, which a parameter carries as JSON text (the server checks its entries).
-        values["logit_bias"] = json.dumps(require_object(document["logit_bias"], "logit_bias"))
-    if "guided_json" in values:
-        values["guided_json"] = json_text(values["guided_json"])  # likewise
+    values["logit_bias"] = document.get("logit_bias")
     vllm_sampling.apply_vllm_defaults(values, max_new_tokens=None)
     return values
 

@@ -46,8 +46,7 @@ def to_parameter(name: str, value: object) -> pb.InferParameter:
 def set_parameters(target: Mapping[str, pb.InferParameter], values: Mapping[str, object]) -> float:
     """Copy `values` (null ones are absent) into a request's parameter map, MindIE's
     `priority` (1–5) and `timeout` (seconds) converted; returns the call's deadline in
-    seconds: the timeout and UPSTREAM_GRACE_S."""
-    timeout_s = DEFAULT_TIMEOUT_S
+    seconds (`call_deadline_s`)."""
     for name, value in values.items():
         if value is None:
             continue
@@ -61,15 +60,22 @@ def set_parameters(target: Mapping[str, pb.InferParameter], values: Mapping[str,
                     or not 0 < value < math.inf:
                 raise bad_request("timeout", f"must be a number of seconds in "
                                   f"(0, {MAX_DEADLINE_S:g}]; got {json.dumps(value)}")
-            # Out-of-range timeouts are the server's to refuse; they only must fit on the way,
-            # and the call's deadline must stay within what gRPC's clock can hold. At least
-            # 1 us: 0 would mean the default.
+            # Out-of-range timeouts are the server's to refuse; they only must fit on the way.
+            # At least 1 us: 0 would mean the default.
             capped = min(value, INT64_MAX // MICROSECONDS)
-            timeout_s = float(min(capped, MAX_DEADLINE_S))
             target[name].int64_param = min(max(1, round(capped * MICROSECONDS)), INT64_MAX)
         else:
             target[name].CopyFrom(to_parameter(name, value))
-    return timeout_s + UPSTREAM_GRACE_S
+    return call_deadline_s(values.get("timeout"))
+
+
+def call_deadline_s(timeout: object) -> float:
+    """The call's deadline for a request's `timeout` (seconds, as sent: the server refuses one
+    out of range): within what gRPC's clock can hold, and UPSTREAM_GRACE_S later."""
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) \
+            or not 0 < timeout < math.inf:
+        timeout = DEFAULT_TIMEOUT_S
+    return float(min(timeout, MAX_DEADLINE_S)) + UPSTREAM_GRACE_S
 
 
 def parameter_value(parameter: pb.InferParameter) -> object:

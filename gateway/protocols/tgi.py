@@ -43,9 +43,9 @@ NAMES = {"inputs": "prompt", "top_n_tokens": "top_logprobs",
          "decoder_input_details": "prompt_logprobs", "best_of": "n"}
 GENERATION_PARAMETERS = frozenset({"best_of", "do_sample", "max_new_tokens", "repetition_penalty",
                                    "frequency_penalty", "seed", "stop", "temperature", "top_k",
-                                   "top_p", "typical_p", "watermark", "truncate", "top_n_tokens",
+                                   "top_p", "typical_p", "truncate", "top_n_tokens",
                                    "decoder_input_details"})
-RENDERING_PARAMETERS = frozenset({"details", "return_full_text"})
+RENDERING_PARAMETERS = frozenset({"details", "return_full_text", "watermark"})
 # adapter_id values that name no LoRA adapter: MindIE's own TGI examples send "None".
 NO_ADAPTER = (None, "None")
 FORMAT_PARAMETERS = frozenset({"grammar"})  # structured output (see add_output_format)
@@ -149,6 +149,8 @@ def generate_request_to_pb(document: object, stream: bool | None
         # Named by best_of: the seed is fine alone, best_of > 1 is what excludes it.
         raise bad_request("best_of", "must be 1 when a seed is set (TGI: `seed` must not be set "
                           "when `best_of` > 1)")
+    # Accepted without effect, as MindIE's TGI routes do.
+    optional_bool(parameters, "watermark")
     values = renamed({name: parameters.get(name) for name in GENERATION_PARAMETERS}, NAMES)
     # best_of travels as n: every sequence comes back, and the best is chosen here. TGI's
     # texts are the tokens' decoded texts (the responses' decoded_text), which a stop sequence

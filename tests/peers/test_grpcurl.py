@@ -46,7 +46,7 @@ def test_grpcurl_reads_a_refused_field_from_the_status_details(grpc_server, clie
     """A refusal is gRPC's rich error model: grpcurl prints the google.rpc.BadRequest field
     violation (resolving its type through reflection) beside the message."""
     request = {"model_name": "smollm2", "text": "Hi",
-               "parameters": {"temperature": {"double_param": -1}}}
+               "sampling": {"temperature": -1}}
     refused = grpcurl(grpc_server.address, client_files, "-format-error", "-d", json.dumps(request),
                       "switchboard.v1.Generation/Generate")
     assert refused.returncode != 0

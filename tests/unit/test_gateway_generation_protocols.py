@@ -11,7 +11,8 @@ import pytest
 from switchboard.gateway.errors import RequestError, field_in_protocol
 from switchboard.gateway.protocols import openai, tgi, vllm
 from switchboard.gateway.protocols.generation import Generation, generate_request, renamed
-from switchboard.gateway.protocols.parameters import UPSTREAM_GRACE_S, parameter_value
+from switchboard.gateway.protocols.parameters import UPSTREAM_GRACE_S
+from switchboard.proto import generation_fields
 from switchboard.proto import switchboard_pb2 as sb
 
 USER = {"role": "user", "content": "Hi"}
@@ -29,7 +30,7 @@ def refused(call, *args, **kwargs) -> RequestError:
 
 def params(request: sb.GenerateRequest) -> dict[str, object]:
     """A request's parameters as plain values."""
-    return {name: parameter_value(value) for name, value in request.parameters.items()}
+    return generation_fields.requested_values(request)
 
 
 def token(token_id: int, text: str, logprob: float | None = None, *, special: bool = False,
@@ -141,14 +142,14 @@ def test_generate_request_with_text_and_parameters() -> None:
         "stop_token_ids": [2, 3], "seed": 2**64 - 1, "skipped": None}, client_id="abc")
     assert (request.model_name, request.id) == ("smollm2", "abc")
     assert request.WhichOneof("prompt") == "text" and request.text == "Hello"
-    assert request.parameters["max_new_tokens"].int64_param == 7
-    assert request.parameters["temperature"].double_param == 0.5
-    assert request.parameters["do_sample"].bool_param is True
-    assert request.parameters["seed"].uint64_param == 2**64 - 1
-    # Lists travel as JSON arrays in a string.
-    assert json.loads(request.parameters["stop"].string_param) == ["\n", "END"]
-    assert json.loads(request.parameters["stop_token_ids"].string_param) == [2, 3]
-    assert "skipped" not in request.parameters
+    assert request.sampling.max_new_tokens == 7
+    assert request.sampling.temperature == 0.5
+    assert request.sampling.do_sample is True
+    assert request.sampling.seed == 2**64 - 1
+    assert list(request.sampling.stop) == ["\n", "END"]
+    assert list(request.sampling.stop_token_ids) == [2, 3]
+    assert params(request).keys() == {"max_new_tokens", "temperature", "do_sample", "stop",
+                                      "stop_token_ids", "seed"}
     assert deadline_s == 600.0 + UPSTREAM_GRACE_S
 
 
@@ -210,7 +211,7 @@ def test_openai_top_k_minus_1_is_no_cut_as_vllms() -> None:
 @pytest.mark.parametrize("stop", ["END", "[1, 2]"], ids=["plain", "looks-like-json"])
 def test_generate_request_sends_one_stop_string_as_a_list(stop: str) -> None:
     request, _ = generate_request("", "x", {"stop": stop})
-    assert json.loads(request.parameters["stop"].string_param) == [stop]
+    assert list(request.sampling.stop) == [stop]
 
 
 def test_generate_request_with_token_ids() -> None:
@@ -236,16 +237,21 @@ def test_generate_request_with_no_chat_messages_still_sends_messages() -> None:
 
 def test_generate_request_converts_priority_and_timeout() -> None:
     request, deadline_s = generate_request("", "x", {"priority": 2, "timeout": 1.5})
-    assert request.parameters["priority"].uint64_param == 2
-    assert request.parameters["timeout"].int64_param == 1_500_000  # microseconds
+    assert (request.scheduling.priority, request.scheduling.timeout) == (2, 1.5)
     assert deadline_s == 1.5 + UPSTREAM_GRACE_S
 
 
-@pytest.mark.parametrize("name, value", [("priority", 0), ("priority", 6), ("priority", True),
-                                         ("timeout", 0), ("timeout", -1), ("timeout", "10")])
-def test_generate_request_refuses_rest_priority_and_timeout_out_of_range(name, value) -> None:
+@pytest.mark.parametrize("name, value, message", [
+    ("priority", True, "must be an integer; got true"),
+    ("priority", 1.5, "must be an integer in [-9223372036854775808, 9223372036854775807]; got 1.5"),
+    ("timeout", "10", 'must be a number; got "10"'),
+    ("stop_token_ids", [-1], "must be a list of token ids; got [-1]")])
+def test_generate_request_refuses_a_value_its_typed_field_cannot_hold(name, value,
+                                                                      message) -> None:
+    """Types are checked where JSON becomes the typed request; ranges (priority 1-5, a
+    timeout in (0, 3600]) are the server's."""
     error = refused(generate_request, "", "x", {name: value})
-    assert error.field == name
+    assert (error.field, error.reason) == (name, message)
 
 
 # --- generation.py: collecting responses -------------------------------------------------------
@@ -300,9 +306,9 @@ def test_tgi_request_translates_parameters() -> None:
     assert request.text == "Hello" and request.model_name == ""
     assert params(request) == {
         "max_new_tokens": 20, "temperature": 0.7, "top_k": 40, "top_p": 0.9, "seed": 3,
-        "stop": '["\\n"]', "repetition_penalty": 1.1, "do_sample": True,
+        "stop": ["\n"], "repetition_penalty": 1.1, "do_sample": True,
         "prompt_logprobs": True, "top_logprobs": 2, "logprobs": True, "truncate": 100,
-        "watermark": False, "typical_p": 0.95, "frequency_penalty": 0.1}
+        "typical_p": 0.95, "frequency_penalty": 0.1}
     assert options.details and options.prompt_details and options.return_full_text
     assert (options.top_n_tokens, options.best_of, options.inputs, options.stream) == \
         (2, 1, "Hello", False)
@@ -657,7 +663,7 @@ def test_chat_request_translates_messages_and_parameters() -> None:
     assert [(m.role, m.content) for m in request.messages.messages] == \
         [("system", "Be brief."), ("user", "Hi\nthere"), ("assistant", "")]
     assert params(request) == {"temperature": 0.5, "do_sample": True, "top_p": 0.9, "n": 2,
-                               "stop": '["\\n"]', "seed": 1, "max_new_tokens": 30,
+                               "stop": ["\n"], "seed": 1, "max_new_tokens": 30,
                                "logprobs": True, "top_logprobs": 3, "min_new_tokens": 2,
                                "presence_penalty": 0.5, "min_p": 0.05}
     assert (options.kind, options.model, options.n, options.logprobs, options.stream,
@@ -736,7 +742,7 @@ def test_vllms_token_extras_travel_under_the_servers_names(translate) -> None:
                           truncate_prompt_tokens=100)
     assert {name: value for name, value in params(call.request).items()
             if name in ("allowed_token_ids", "include_stop_str_in_output", "truncate")} == {
-        "allowed_token_ids": "[5, 7]", "include_stop_str_in_output": True, "truncate": 100}
+        "allowed_token_ids": [5, 7], "include_stop_str_in_output": True, "truncate": 100}
 
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}}
@@ -761,10 +767,17 @@ def test_response_format_travels_as_the_servers_pattern_parameter(
 
 
 def test_vllms_guided_extras_travel_as_they_are() -> None:
-    [call], _ = chat(guided_choice=["yes", "no"], guided_regex="a+", guided_json=SCHEMA)
-    values = params(call.request)
-    assert (json.loads(values["guided_choice"]), values["guided_regex"],
-            json.loads(values["guided_json"])) == (["yes", "no"], "a+", SCHEMA)
+    for field, value, sent in [("guided_choice", ["yes", "no"], ["yes", "no"]),
+                               ("guided_regex", "a+", "a+"),
+                               ("guided_json", SCHEMA, json.dumps(SCHEMA))]:
+        [call], _ = chat(**{field: value})
+        assert params(call.request)[field] == sent
+
+
+def test_two_output_patterns_are_refused_naming_one_with_the_other() -> None:
+    error = refused(chat, guided_choice=["yes", "no"], guided_regex="a+")
+    other = ({"guided_choice", "guided_regex"} - {error.field}).pop()
+    assert error.message.startswith(f"{error.field}: cannot be combined with {other}")
 
 
 @pytest.mark.parametrize("structured_outputs, expected", [
@@ -778,7 +791,7 @@ def test_vllms_structured_outputs_travel_as_the_servers_pattern_parameter(
         translate, structured_outputs, expected) -> None:
     """vLLM's current field; its guided_* fields were removed in v0.12."""
     [call], _ = translate(structured_outputs=structured_outputs)
-    assert {name: json.loads(value) if name != "guided_regex" else value
+    assert {name: json.loads(value) if name == "guided_json" else value
             for name, value in params(call.request).items()
             if name.startswith("guided_")} == expected
 
@@ -851,12 +864,11 @@ def test_tgi_grammar_refusals_name_the_field(grammar, field) -> None:
     assert error.field == field
 
 
-def test_logit_bias_travels_as_a_json_object_parameter() -> None:
+def test_logit_bias_travels_as_a_map_of_token_ids() -> None:
     calls, _ = chat(logit_bias={"50256": -100, "7": 2.5})
-    assert json.loads(calls[0].request.parameters["logit_bias"].string_param) == \
-        {"50256": -100, "7": 2.5}
+    assert dict(calls[0].request.sampling.logit_bias) == {50256: -100, 7: 2.5}
     calls, _ = completion(logit_bias={"7": 1})
-    assert json.loads(calls[0].request.parameters["logit_bias"].string_param) == {"7": 1}
+    assert dict(calls[0].request.sampling.logit_bias) == {7: 1}
 
 
 def test_chat_accepts_what_means_no_tools_and_plain_text() -> None:
@@ -1082,7 +1094,7 @@ def test_completion_echo_with_logprobs_asks_for_the_prompts_logprobs() -> None:
 def test_completion_echo_with_no_tokens_replies_with_the_prompt_alone() -> None:
     calls, options = completion(prompt="Say", echo=True, logprobs=0, max_tokens=0)
     # vLLM's rule: one token is generated, and left out.
-    assert calls[0].request.parameters["max_new_tokens"].int64_param == 1
+    assert calls[0].request.sampling.max_new_tokens == 1
     generation = generation_of(response(0, "!", [token(3, "!", -0.25)], finish="eos_token",
                                         prompt=ECHOED_PROMPT))
     (choice,) = openai.reply(calls, [generation], options)["choices"]
@@ -1227,7 +1239,7 @@ def test_vllm_request_translates_parameters() -> None:
     assert (prompt, stream, deadline_s) == ("Hi", True, 600.0 + UPSTREAM_GRACE_S)
     assert params(request) == {"n": 2, "max_new_tokens": 8, "min_new_tokens": 1,
                                "temperature": 0.8, "do_sample": True, "top_k": 0, "top_p": 0.9,
-                               "stop": '["x"]', "ignore_eos": True, "stop_token_ids": "[2]",
+                               "stop": ["x"], "ignore_eos": True, "stop_token_ids": [2],
                                "seed": 4, "best_of": 3, "presence_penalty": 0.1, "min_p": 0.1}
 
 

@@ -8,6 +8,7 @@ from switchboard.gateway.errors import RequestError
 from switchboard.gateway.protocols import mindie
 from switchboard.gateway.protocols.generation import Generation
 from switchboard.gateway.protocols.parameters import UPSTREAM_GRACE_S
+from switchboard.proto import generation_fields
 from switchboard.proto import switchboard_pb2 as sb
 
 
@@ -25,9 +26,7 @@ def test_infer_request_carries_text_parameters_id_and_deadline() -> None:
         tokens=False)
     assert (request.text, request.id, stream, details) == ("Hi", "a1", True, True)
     assert deadline_s == 10.0 + UPSTREAM_GRACE_S
-    assert request.parameters["max_new_tokens"].int64_param == 4
-    assert request.parameters["timeout"].int64_param == 10_000_000
-    assert "seed" not in request.parameters
+    assert generation_fields.requested_values(request) == {"max_new_tokens": 4, "timeout": 10}
 
 
 def test_infer_token_request_carries_token_ids() -> None:
@@ -67,7 +66,7 @@ def test_token_ids_that_are_not_an_array_of_integers_are_refused_saying_where(
 def test_skip_special_tokens_is_sent_on(skip: bool) -> None:
     request, *_ = mindie.infer_request_to_pb(
         {"inputs": "x", "parameters": {"skip_special_tokens": skip}}, tokens=False)
-    assert request.parameters["skip_special_tokens"].bool_param is skip
+    assert request.output.skip_special_tokens is skip
 
 
 def collect(*responses: sb.GenerateResponse) -> Generation:
@@ -127,8 +126,26 @@ def test_error_envelope_types_by_status(status: int, error_type: str) -> None:
 
 
 @pytest.mark.parametrize("tokens", [False, True])
-def test_requests_ask_for_mindies_ranges(tokens: bool) -> None:
-    """MindIE's seeds are (0, 2^64 - 1]; switchboard.v1's take 0 (TGI's u64) unless asked."""
+def test_seed_0_is_refused_as_mindies_seeds_are_positive(tokens: bool) -> None:
+    """MindIE's seeds are (0, 2^64 - 1]; switchboard.v1's take 0 (TGI's u64)."""
     body = {"input_id": [5]} if tokens else {"inputs": "x"}
-    request, *_ = mindie.infer_request_to_pb({**body, "parameters": {"seed": 0}}, tokens)
-    assert request.mindie_ranges
+    with pytest.raises(RequestError) as caught:
+        mindie.infer_request_to_pb({**body, "parameters": {"seed": 0}}, tokens)
+    assert caught.value.field == "seed"
+    request, *_ = mindie.infer_request_to_pb({**body, "parameters": {"seed": 1}}, tokens)
+    assert request.sampling.seed == 1
+
+
+@pytest.mark.parametrize("parameters", [{"watermark": True, "perf_stat": True, "batch_size": 4,
+                                         "details": False}])
+def test_what_mindie_accepts_without_effect_stays_in_the_gateway(parameters) -> None:
+    request, *_ = mindie.infer_request_to_pb({"inputs": "x", "parameters": parameters}, False)
+    assert generation_fields.requested_values(request) == {}
+
+
+@pytest.mark.parametrize("name, value", [("watermark", "yes"), ("perf_stat", 1),
+                                         ("batch_size", 0), ("batch_size", True)])
+def test_what_mindie_accepts_without_effect_is_still_checked(name, value) -> None:
+    with pytest.raises(RequestError) as caught:
+        mindie.infer_request_to_pb({"inputs": "x", "parameters": {name: value}}, False)
+    assert caught.value.field == name

@@ -11,12 +11,12 @@ from switchboard.gateway.errors import RequestError
 from switchboard.gateway.protocols import openai_responses as responses
 from switchboard.gateway.protocols.generation import Generation
 from switchboard.gateway.protocols.openai import UNLIMITED
-from switchboard.gateway.protocols.parameters import parameter_value
+from switchboard.proto import generation_fields
 from switchboard.proto import switchboard_pb2 as sb
 
 
 def params(request: sb.GenerateRequest) -> dict[str, object]:
-    return {name: parameter_value(value) for name, value in request.parameters.items()}
+    return generation_fields.requested_values(request)
 
 
 def messages(request: sb.GenerateRequest) -> list[tuple[str, str]]:

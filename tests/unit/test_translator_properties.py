@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import sys
 from collections.abc import Callable, Collection, Mapping
 
 import numpy as np
@@ -28,7 +29,8 @@ from switchboard.gateway.errors import RequestError
 from switchboard.gateway.protocols import kserve, mindie, mindie_management, openai, tgi, triton, vllm
 from switchboard.gateway.protocols.parameters import (INT64_MAX, MICROSECONDS, UINT32_MAX, UINT64_MAX,
                                           UPSTREAM_GRACE_S, parameter_value)
-from switchboard.proto import vllm_sampling
+from switchboard.proto import generation_fields, vllm_sampling
+from switchboard.proto import switchboard_pb2 as sb
 from switchboard.proto.tensor_bytes import deserialize_bytes
 from switchboard.proto.vllm_backend_tensors import CONTROL_INPUTS
 
@@ -141,7 +143,9 @@ def refusal_of_known_fields_only(translate: Callable[[object], object],
 
 
 def decoded(request: object) -> dict[str, object]:
-    """A request's parameters as plain values, `stop` read back from its JSON string."""
+    """A request's parameters as plain values."""
+    if isinstance(request, sb.GenerateRequest):
+        return generation_fields.requested_values(request)
     values = {name: parameter_value(value) for name, value in request.parameters.items()}
     if "stop" in values:
         values["stop"] = json.loads(values["stop"])
@@ -327,6 +331,11 @@ def _as_list(stop: list[str] | str) -> list[str]:
     return [stop] if isinstance(stop, str) else stop
 
 
+def _stops(stop: list[str] | str) -> dict[str, list[str]]:
+    """`stop` as a typed request carries it: a list, absent when empty."""
+    return {"stop": _as_list(stop)} if _as_list(stop) else {}
+
+
 @ROUND_TRIP
 @given(inputs=TEXT, temperature=FINITE, max_new_tokens=st.integers(1, 2**31 - 1), seed=SEEDS,
        stop=STOPS, best_of=st.integers(1, 4), top_n_tokens=st.integers(0, 5),
@@ -343,7 +352,7 @@ def test_tgi_parameters_round_trip(inputs: str, temperature: float, max_new_toke
                                                   False)
     assert request.text == inputs
     assert decoded(request) == {"temperature": temperature, "max_new_tokens": max_new_tokens,
-                                **seeded, "stop": _as_list(stop), "n": best_of,
+                                **seeded, **_stops(stop), "n": best_of,
                                 "top_logprobs": top_n_tokens, "logprobs": True}
     assert (options.best_of, options.top_n_tokens, options.details,
             options.return_full_text, options.inputs) == (best_of, top_n_tokens, details,
@@ -365,16 +374,16 @@ def test_mindie_parameters_round_trip(inputs: str, request_id: str, temperature:
         {"id": request_id, "inputs": inputs, "stream": stream, "parameters": parameters}, False)
     assert (request.text, request.id, streamed, detailed) == (inputs, request_id, stream, details)
     assert deadline_s == timeout + UPSTREAM_GRACE_S
-    assert decoded(request) == {**parameters, "stop": _as_list(stop),
-                                # at least 1 us: gRPC's 0 means the default
-                                "timeout": max(1, round(timeout * MICROSECONDS))}
+    # details shapes MindIE's reply; an empty stop list is no stop list.
+    carried = {name: value for name, value in parameters.items() if name not in ("details", "stop")}
+    assert decoded(request) == {**carried, **_stops(stop)}
 
 
 @ROUND_TRIP
 @given(ids=st.lists(st.integers(0, UINT32_MAX), max_size=8))
 def test_mindie_token_ids_round_trip(ids: list[int]) -> None:
     request, *_ = mindie.infer_request_to_pb({"input_id": ids}, True)
-    assert list(request.token_ids.ids) == ids and not request.parameters
+    assert list(request.token_ids.ids) == ids and not decoded(request)
 
 
 @ROUND_TRIP
@@ -394,7 +403,7 @@ def test_openai_chat_round_trip(model: str, messages: list[dict[str, str]],
     assert [{"role": m.role, "content": m.content} for m in call.request.messages.messages] \
         == messages
     expected = {"max_new_tokens": openai.UNLIMITED if max_tokens is None else max_tokens,
-                "seed": seed % 2**64, "stop": _as_list(stop), "logprobs": logprobs, "n": n}
+                "seed": seed % 2**64, **_stops(stop), "logprobs": logprobs, "n": n}
     expected["do_sample"] = temperature != 0
     if temperature:
         expected["temperature"] = temperature
@@ -429,7 +438,7 @@ def test_vllm_round_trip(prompt: str, temperature: float, top_k: int, max_tokens
          "seed": seed, "stop": stop, "stream": stream})
     assert (request.text, echoed, streamed) == (prompt, prompt, stream)
     expected = {"top_k": 0 if top_k == -1 else top_k, "seed": seed % 2**64,
-                "stop": _as_list(stop),
+                **_stops(stop),
                 "max_new_tokens": vllm_sampling.DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
                 "do_sample": temperature != 0}
     if temperature != 0:
@@ -512,10 +521,16 @@ def test_values_beyond_the_wire_types_are_a_400_naming_the_field(
 ], ids=["mindie-1e303", "mindie-10**400", "triton-1e303", "kserve-1e303"])
 def test_a_huge_timeout_travels_capped_for_the_server_to_refuse(
         translate: Callable[..., object], args: tuple[object, ...]) -> None:
-    """The server owns the range (0, 3600]; on the way the value must only fit an int64."""
+    """The server owns the range (0, 3600]; on the way the value must only fit: KServe's
+    int64 microseconds, capped, or switchboard.v1's seconds, a double (inf past its range)."""
     assert outcome(translate, *args) is None
     request = translate(*args)[0]
-    assert request.parameters["timeout"].int64_param == INT64_MAX // MICROSECONDS * MICROSECONDS
+    if isinstance(request, sb.GenerateRequest):
+        timeout = args[0]["parameters"]["timeout"]
+        assert request.scheduling.timeout == (timeout if timeout < sys.float_info.max else math.inf)
+    else:
+        assert request.parameters["timeout"].int64_param == \
+            INT64_MAX // MICROSECONDS * MICROSECONDS
 
 
 def test_parse_json_refuses_a_lone_surrogate() -> None:
