@@ -77,8 +77,11 @@ def field_violation(error: grpc.aio.AioRpcError) -> tuple[str, str] | None:
 def field_in_protocol(field: str, reason: str, names: Mapping[str, str]) -> tuple[str, str]:
     """A refused field (the server's path, such as `stop[1]`) and its message, both under the
     protocol's names (`names` maps the protocol's names to MindIE's)."""
+    theirs = {server: protocol for protocol, server in names.items()}
+    if field in theirs:  # a path named whole (the Responses API's tool_choice.name)
+        return theirs[field], f"{theirs[field]}: {reason}"
     base = field.split("[", 1)[0].split(".", 1)[0]
-    ours = {server: protocol for protocol, server in names.items()}.get(base)
+    ours = theirs.get(base)
     protocol_field = field if ours is None else ours + field[len(base):]
     return protocol_field, f"{protocol_field}: {reason}"
 

@@ -5,25 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import time
-from collections.abc import AsyncIterator, Iterable
-from typing import TypeVar
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
 
 import grpc
 
 from switchboard.gateway.errors import RequestError
-from switchboard.gateway.handler import METADATA_TIMEOUT_S, Handler
-from switchboard.gateway.protocols import (mindie, openai, openai_responses, openai_tools,
-                                           sagemaker, tgi, vllm)
-from switchboard.gateway.protocols.generation import Generation
+from switchboard.gateway.handler import METADATA_TIMEOUT_S, Handler, Services
+from switchboard.gateway.protocols import mindie, openai, openai_responses, sagemaker, tgi, vllm
+from switchboard.gateway.protocols.exchange import Exchange, GenerationProtocol
 from switchboard.gateway.protocols.kserve import parse_json
-from switchboard.gateway.sse import DONE_EVENT, sse_event
 from switchboard.proto import grpc_service_pb2 as pb
 from switchboard.proto import switchboard_pb2 as sb
-
-# The options of an OpenAI route (chat and completions', or the Responses API's).
-OptionsT = TypeVar("OptionsT", openai.OpenAIOptions, openai_responses.ResponsesOptions)
 
 
 class GenerationHandler(Handler):
@@ -44,32 +38,8 @@ class GenerationHandler(Handler):
         return await self.track(self.upstream.generation.Tokenize(
             request, timeout=METADATA_TIMEOUT_S))
 
-
-def openai_error_document(handler: GenerationHandler, error: BaseException | None,
-                          status: int) -> tuple[int, object]:
-    """OpenAI's status and error body; a model the server does not serve is named as vLLM's
-    `param` names it."""
-    status, message, field = GenerationHandler.describe_error(handler, error, status)
-    if isinstance(error, grpc.aio.AioRpcError) and error.code() is grpc.StatusCode.NOT_FOUND:
-        field = "model"
-    return status, openai.error_body(status, message, field)
-
-
-class TgiHandler(GenerationHandler):
-    """TGI's routes: errors `{"error", "error_type"}`, validation failures 422."""
-
-    status_table = tgi.HTTP_STATUS
-    names = tgi.NAMES
-    stream: bool | None = False  # None: the body's `stream` decides (POST /)
-    compat = False  # POST / answers a one-element array
-
-    def describe_error(self, error: BaseException | None, status: int
-                       ) -> tuple[int, str, str | None]:
-        status, message, field = super().describe_error(error, status)
-        return (422 if status == 400 else status), message, field
-
-    def error_body(self, status: int, message: str) -> object:
-        return tgi.error_body(status, message)
+    async def served_model_name(self) -> str:
+        return (await self.model_names() or [""])[0]
 
     async def health(self) -> None:
         """TGI's and vLLM's probe: 200 with an empty body when the model is ready, else 503."""
@@ -77,71 +47,80 @@ class TgiHandler(GenerationHandler):
             raise RequestError(503, "unhealthy")
         self.finish_empty()
 
-    async def generate_tgi(self, document: object) -> None:
-        request, options = tgi.generate_request_to_pb(document, self.stream)
-        self.names = options.names
-        generation = Generation()
-        call = self.generate(request, options.deadline_s)
-        if options.stream:
-            def render(response: sb.GenerateResponse) -> Iterable[bytes]:
-                generation.add(response)
-                return [sse_event(tgi.stream_event(response, generation, options))]
 
-            await self.relay(call, render)
-            return
-        async for response in call:
-            generation.add(response)
-        reply = tgi.reply(generation, options)
-        self.write_json([reply] if self.compat else reply)
+class GenerationRoute(GenerationHandler):
+    """Every generation route: the route's protocol (`protocol`, or the one its body speaks)
+    translates the body into calls of Generate, whose responses its answer renders, whole or
+    streamed; errors come in that protocol's shape."""
 
-
-class TgiGenerateHandler(TgiHandler):
     runs_inference = True
+    protocol: GenerationProtocol
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.status_table = cls.protocol.status_table
+
+    def initialize(self, services: Services, route: str) -> None:
+        super().initialize(services, route)
+        self.speaker = self.protocol
+        self.exchange: Exchange | None = None
+
+    def error_terms(self) -> tuple[Mapping[grpc.StatusCode, int], Mapping[str, str]]:
+        return (self.speaker.status_table,
+                {} if self.exchange is None else self.exchange.names)
+
+    def error_document(self, error: BaseException | None, status: int) -> tuple[int, object]:
+        status, message, field = self.describe_error(error, status)
+        return self.speaker.error_document(status, message, field, error)
 
     async def post(self) -> None:
-        await self.generate_tgi(parse_json(self.body))
+        document = parse_json(self.body)
+        self.speaker = self.protocol.speaking(document)
+        self.exchange = exchange = await self.speaker.exchange(document, self.served_model_name)
+        answer = exchange.answer
+        responses = _merged([self.generate(request, exchange.deadline_s)
+                             for request in exchange.requests])
+        if not exchange.stream:
+            async for call, response in responses:
+                answer.collect(call, response)
+            self.write_json(answer.reply())
+            return
+        await self.relay(responses, lambda item: answer.events(*item),
+                         content_type=answer.content_type, end=answer.end,
+                         error_event=answer.error_event)
 
 
-class TgiStreamHandler(TgiGenerateHandler):
-    stream = True
+class TgiHandler(GenerationHandler):
+    """TGI's other routes: errors `{"error", "error_type"}`, validation failures 422."""
+
+    status_table = tgi.HTTP_STATUS
+    names = tgi.NAMES
+
+    def error_document(self, error: BaseException | None, status: int) -> tuple[int, object]:
+        return tgi.error_document(*self.describe_error(error, status)[:2])
 
 
-class TgiCompatHandler(TgiGenerateHandler):
+class TgiGenerateHandler(GenerationRoute):
+    protocol = tgi.GENERATE
+
+
+class TgiStreamHandler(GenerationRoute):
+    protocol = tgi.GENERATE_STREAM
+
+
+class TgiCompatHandler(GenerationRoute):
     """POST /: TGI's compat route; GET /: its health probe."""
 
-    stream = None
-    compat = True
+    protocol = tgi.COMPAT
 
     async def get(self) -> None:
         await self.health()
 
 
-class SharedGenerateHandler(TgiHandler):
+class SharedGenerateHandler(GenerationRoute):
     """POST /generate: TGI's (`inputs`) or vLLM's demo server's (`prompt`) by the body."""
 
-    runs_inference = True
-
-    async def post(self) -> None:
-        document = parse_json(self.body)
-        if tgi.is_tgi(document):
-            await self.generate_tgi(document)
-            return
-        self.names = vllm.NAMES
-        self.status_table = vllm.HTTP_STATUS
-        request, prompt, stream, deadline_s = vllm.generate_request_to_pb(document)
-        generation = Generation()
-        call = self.generate(request, deadline_s)
-        if stream:
-            def render(response: sb.GenerateResponse) -> Iterable[bytes]:
-                generation.add(response)
-                return [vllm.stream_line(generation, prompt)]
-
-            await self.relay(call, render, content_type=vllm.STREAM_CONTENT_TYPE,
-                             error_event=vllm.stream_error)
-            return
-        async for response in call:
-            generation.add(response)
-        self.write_json(vllm.texts(generation, prompt))
+    protocol = vllm.TGI_OR_VLLM_GENERATE
 
 
 class InfoHandler(TgiHandler):
@@ -156,7 +135,10 @@ class TokenizeHandler(TgiHandler):
     "param", "code"}}`), as on its /detokenize."""
 
     runs_inference = True
-    speaks_vllm = False
+
+    def initialize(self, services: Services, route: str) -> None:
+        super().initialize(services, route)
+        self.speaks_vllm = False
 
     async def post(self) -> None:
         document = parse_json(self.body)
@@ -165,14 +147,16 @@ class TokenizeHandler(TgiHandler):
             self.write_json(tgi.tokenize_reply(await self.tokenize(request), request.text))
             return
         self.speaks_vllm = True
-        self.status_table, self.names = openai.HTTP_STATUS, {}
         request, token_strs = vllm.tokenize_request_to_pb(document)
         self.write_json(vllm.tokenize_reply(await self.tokenize(request), token_strs))
+
+    def error_terms(self) -> tuple[Mapping[grpc.StatusCode, int], Mapping[str, str]]:
+        return (openai.HTTP_STATUS, {}) if self.speaks_vllm else super().error_terms()
 
     def error_document(self, error: BaseException | None, status: int) -> tuple[int, object]:
         if not self.speaks_vllm:
             return super().error_document(error, status)
-        return openai_error_document(self, error, status)
+        return openai.error_document(*self.describe_error(error, status), error)
 
 
 class ChatTokenizeHandler(TgiHandler):
@@ -197,18 +181,12 @@ class PingHandler(HealthHandler):
 
 
 class OpenAIHandler(GenerationHandler):
-    """OpenAI's routes: errors `{"error": {"message", "type", "param", "code"}}`."""
+    """OpenAI's other routes: errors `{"error": {"message", "type", "param", "code"}}`."""
 
     status_table = openai.HTTP_STATUS
 
     def error_document(self, error: BaseException | None, status: int) -> tuple[int, object]:
-        return openai_error_document(self, error, status)
-
-    async def with_model_named(self, options: OptionsT) -> OptionsT:
-        """`options` with the served model's name where the request named none."""
-        if options.model:
-            return options
-        return dataclasses.replace(options, model=(await self.model_names() or [""])[0])
+        return openai.error_document(*self.describe_error(error, status), error)
 
 
 class ModelsHandler(OpenAIHandler):
@@ -243,70 +221,12 @@ class VersionHandler(OpenAIHandler):
         self.write_json(vllm.version_json(await self.server_version()))
 
 
-class CompletionsHandler(OpenAIHandler):
-    """/v1/chat/completions and /v1/completions (`chat` chooses)."""
-
-    runs_inference = True
-
-    chat = False
-
-    async def post(self) -> None:
-        document = parse_json(self.body)
-        calls, options = (openai.chat_request_to_pb(document) if self.chat
-                          else openai.completion_request_to_pb(document))
-        self.names = options.names
-        options = await self.with_model_named(options)
-        generations = [Generation() for _ in calls]
-        streams = [self.generate(call.request, options.deadline_s) for call in calls]
-        if not options.stream:
-            async for call_index, response in _merged(streams):
-                generations[call_index].add(response)
-            self.write_json(openai.reply(calls, generations, options))
-            return
-        sent_chars: dict[int, int] = {}  # per choice: the length of its text streamed so far
-
-        def render(item: tuple[int, sb.GenerateResponse]) -> Iterable[bytes]:
-            call_index, response = item
-            generations[call_index].add(response)
-            index = openai.choice_index(options, call_index, response.index)
-            usage = openai.usage(generations) if options.continuous_usage else None
-            chunks = []
-            text, tokens = ("", []) if options.echo_only else (response.text,
-                                                                list(response.tokens))
-            prefix, prompt = "", []
-            if index not in sent_chars:
-                sent_chars[index] = 0
-                if options.echo:
-                    prefix = openai.echo_text(calls[call_index], generations[call_index])
-                    prompt = generations[call_index].prompt
-                if self.chat:
-                    role_usage = openai.usage(generations, pending=response.generated_tokens) \
-                        if options.continuous_usage else None
-                    chunks.append(sse_event(openai.chunk(options, index, role=True,
-                                                         usage=role_usage)))
-            # Where the chunk's first token's text starts in the choice's text.
-            offset = sent_chars[index] + (0 if prompt else len(prefix))
-            sent_chars[index] += len(prefix) + len(text)
-            sequence = generations[call_index].sequences[response.index]
-            chunks.append(sse_event(openai.chunk(
-                options, index, delta_text=prefix + text, tokens=tokens, prompt=prompt,
-                text_offset=offset, usage=usage,
-                finish_reason="length" if options.echo_only and response.finish_reason
-                else openai_tools.finish_reason(sequence, response.finish_reason),
-                delta_fields=openai_tools.delta_fields(response))))
-            return chunks
-
-        def end() -> bytes:
-            usage = sse_event(openai.usage_chunk(generations, options)) \
-                if options.include_usage else b""
-            return usage + DONE_EVENT
-
-        await self.relay(_merged(streams), render, end=end,
-                         error_event=lambda body: sse_event(body) + DONE_EVENT)
+class CompletionsHandler(GenerationRoute):
+    protocol = openai.COMPLETIONS
 
 
-class ChatCompletionsHandler(CompletionsHandler):
-    chat = True
+class ChatCompletionsHandler(GenerationRoute):
+    protocol = openai.CHAT
 
 
 class StoredResponseHandler(OpenAIHandler):
@@ -324,49 +244,14 @@ class CancelResponseHandler(OpenAIHandler):
     post = StoredResponseHandler._not_found
 
 
-class ResponsesHandler(OpenAIHandler):
-    """OpenAI's /v1/responses."""
-
-    runs_inference = True
-
-    async def post(self) -> None:
-        request, options = openai_responses.request_to_pb(parse_json(self.body))
-        self.names = options.names
-        options = await self.with_model_named(options)
-        generation = Generation()
-        call = self.generate(request, options.deadline_s)
-        if not options.stream:
-            async for response in call:
-                generation.add(response)
-            self.write_json(openai_responses.reply(options, generation))
-            return
-        events = openai_responses.ResponseEvents(options)
-
-        def render(response: sb.GenerateResponse) -> Iterable[bytes]:
-            generation.add(response)
-            return events.add(response)
-
-        await self.relay(call, render, end=lambda: events.finish(generation),
-                         error_event=events.error)
+class ResponsesHandler(GenerationRoute):
+    protocol = openai_responses.RESPONSES
 
 
-# The handler of the route serving each API's body on /invocations (protocols/sagemaker.py).
-INVOCATION_HANDLERS: dict[str, type[GenerationHandler]] = {
-    "inputs": TgiCompatHandler, "messages": ChatCompletionsHandler, "prompt": CompletionsHandler}
+class InvocationsHandler(GenerationRoute):
+    """SageMaker's POST /invocations: served as the route its body is for (sagemaker.py)."""
 
-
-class InvocationsHandler(OpenAIHandler):
-    """SageMaker's POST /invocations: served by the handler of the route its body is for, with
-    that route's reply and errors. A body for none gets OpenAI's 400, as vLLM answers it; so
-    do the refusals that come before the body is read (413, and 503 while stopping)."""
-
-    runs_inference = True
-
-    async def post(self) -> None:
-        # The request becomes one of that route's: handlers differ in their methods only (their
-        # state is Handler's), and that route's, like this one, runs inference.
-        self.__class__ = INVOCATION_HANDLERS[sagemaker.api_field(parse_json(self.body))]
-        await self.post()
+    protocol = sagemaker.INVOCATIONS
 
 
 async def _merged(calls: list[grpc.aio.UnaryStreamCall]
@@ -406,47 +291,23 @@ async def _merged(calls: list[grpc.aio.UnaryStreamCall]
             await asyncio.gather(*tasks, return_exceptions=True)
 
 
-class MindIEHandler(GenerationHandler):
-    """MindIE's native routes: errors `{"error", "error_type"}`; a field refused by the
-    gateway or the server is 422 (Input Validation Error), malformed JSON 400."""
+class MindIEHandler(GenerationRoute):
+    protocol = mindie.INFER
+
+
+class MindIETokenHandler(GenerationRoute):
+    protocol = mindie.INFER_TOKEN
+
+
+class TokenizerHandler(GenerationHandler):
+    """MindIE's /v1/tokenizer: its errors are MindIE's."""
 
     runs_inference = True
-
     status_table = mindie.HTTP_STATUS
-    tokens = False  # /infer_token: token ids in and out
 
-    def describe_error(self, error: BaseException | None, status: int
-                       ) -> tuple[int, str, str | None]:
-        status, message, field = super().describe_error(error, status)
-        return (422 if status == 400 and field else status), message, field
+    def error_document(self, error: BaseException | None, status: int) -> tuple[int, object]:
+        return mindie.error_document(*self.describe_error(error, status))
 
-    def error_body(self, status: int, message: str) -> object:
-        return mindie.error_body(status, message)
-
-    async def post(self) -> None:
-        self.names = mindie.TOKEN_NAMES if self.tokens else mindie.NAMES
-        request, stream, details, deadline_s = mindie.infer_request_to_pb(
-            parse_json(self.body), self.tokens)
-        generation = Generation()
-        call = self.generate(request, deadline_s)
-        if stream:
-            def render(response: sb.GenerateResponse) -> Iterable[bytes]:
-                generation.add(response)
-                return [sse_event(mindie.stream_event(response, generation, details,
-                                                      self.tokens))]
-
-            await self.relay(call, render)
-            return
-        async for response in call:
-            generation.add(response)
-        self.write_json(mindie.reply(generation, details, self.tokens))
-
-
-class MindIETokenHandler(MindIEHandler):
-    tokens = True
-
-
-class TokenizerHandler(MindIEHandler):
     async def post(self) -> None:
         request, decode = mindie.tokenize_request_to_pb(parse_json(self.body))
         self.write_json(mindie.tokenize_reply(await self.tokenize(request), decode))

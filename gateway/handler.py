@@ -217,6 +217,11 @@ class Handler(tornado.web.RequestHandler):
             self.on_connection_close()
             return False
 
+    def error_terms(self) -> tuple[Mapping[grpc.StatusCode, int], Mapping[str, str]]:
+        """The status table and the field names (the protocol's → the server's) that the
+        request's errors are described in."""
+        return self.status_table, self.names
+
     def describe_error(self, error: BaseException | None, status: int
                        ) -> tuple[int, str, str | None]:
         """The HTTP status, the message and the field at fault (under the protocol's names:
@@ -224,9 +229,10 @@ class Handler(tornado.web.RequestHandler):
         if isinstance(error, RequestError):
             return error.status, error.message, error.field
         if isinstance(error, grpc.aio.AioRpcError):
-            status = http_status(error.code(), self.status_table)
+            status_table, names = self.error_terms()
+            status = http_status(error.code(), status_table)
             if (violation := field_violation(error)) is not None:
-                field, message = field_in_protocol(*violation, self.names)
+                field, message = field_in_protocol(*violation, names)
                 return status, message, field
             return status, client_message(error.code(), error.details()), None
         if isinstance(error, tornado.web.HTTPError):

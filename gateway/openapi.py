@@ -32,7 +32,8 @@ from switchboard.gateway import generation_handlers as generation
 from switchboard.gateway import management_handlers as management
 from switchboard.gateway.errors import KSERVE_HTTP_STATUS
 from switchboard.gateway.handler import Handler
-from switchboard.gateway.protocols import mindie, openai, tgi
+from switchboard.gateway.protocols import mindie, openai, sagemaker, tgi
+from switchboard.gateway.protocols.exchange import GenerationProtocol
 from switchboard.gateway.protocols.mindie_management import MAX_HEALTH_TIMEOUT_S
 from switchboard.gateway.protocols.parameters import MAX_DEADLINE_S as MAX_TIMEOUT_S
 from switchboard.gateway.protocols.parameters import INT64_MAX, UINT32_MAX, UINT64_MAX
@@ -232,13 +233,20 @@ MESSAGE = obj({"role": {"type": "string",
                "content": nullable({"oneOf": [STRING, array(TEXT_PART)]}),
                # An assistant's calls; a tool message's answer to one of them.
                "tool_calls": array(TOOL_CALL), "tool_call_id": STRING}, ["role"])
-TOOL = obj({"type": only("function", STRING), "function": obj({
-    "name": TEXT, "description": STRING, "parameters": {"type": "object"},
-    "strict": nullable(BOOLEAN)}, ["name"])}, ["type", "function"])
-TOOL_CHOICE = {"oneOf": [{"type": "string", "enum": ["none", "auto", "required"]},
+FUNCTION: dict[str, JSON] = {"name": TEXT, "description": STRING,
+                             "parameters": {"type": "object"}, "strict": nullable(BOOLEAN)}
+TOOL_CHOICE_MODES: JSON = {"type": "string", "enum": ["none", "auto", "required"]}
+# Chat's tools nest the function; the Responses API's are the function.
+TOOL = obj({"type": only("function", STRING), "function": obj(FUNCTION, ["name"])},
+           ["type", "function"])
+TOOL_CHOICE = {"oneOf": [TOOL_CHOICE_MODES,
                          obj({"type": only("function", STRING),
                               "function": obj({"name": TEXT}, ["name"])},
                              ["type", "function"])]}
+RESPONSES_TOOL = obj({"type": only("function", STRING), **FUNCTION}, ["type", "name"])
+RESPONSES_TOOL_CHOICE = {"oneOf": [TOOL_CHOICE_MODES,
+                                   obj({"type": only("function", STRING), "name": TEXT},
+                                       ["type", "name"])]}
 # vLLM's options of the chat template's rendering: more template variables; where it ends
 # (continue_final_message needs add_generation_prompt false and an assistant's last message).
 CHAT_TEMPLATE_OPTIONS: dict[str, JSON] = {
@@ -313,7 +321,7 @@ REQUESTS: dict[str, JSON] = {
                         obj({"type": only("json_schema", STRING), "name": STRING,
                              "schema": {"type": "object"}, "strict": nullable(BOOLEAN)},
                             ["type", "schema"])]}}),
-                    "tools": array({"type": "object"}), "tool_choice": {"enum": ["none", "auto"]},
+                    "tools": array(RESPONSES_TOOL), "tool_choice": RESPONSES_TOOL_CHOICE,
                     "include": array(only("message.output_text.logprobs", STRING)),
                     "top_logprobs": TOP_LOGPROBS,
                     "truncation": only("disabled", STRING), "store": BOOLEAN,
@@ -321,12 +329,19 @@ REQUESTS: dict[str, JSON] = {
                     "parallel_tool_calls": BOOLEAN, "service_tier": STRING,
                     "prompt_cache_key": STRING, "prompt_cache_retention": STRING,
                     "safety_identifier": STRING}),
-        "input": {"oneOf": [PROMPT, array(obj({
-            "type": only("message", STRING),
-            "role": {"type": "string", "enum": ["system", "developer", "user", "assistant"]},
-            "content": {"oneOf": [STRING, array(obj({
-                "type": {"type": "string", "enum": ["input_text", "output_text"]},
-                "text": STRING}, ["type", "text"]))]}}, ["role", "content"]), minItems=1)]},
+        "input": {"oneOf": [PROMPT, array({"oneOf": [
+            obj({"type": only("message", STRING),
+                 "role": {"type": "string",
+                          "enum": ["system", "developer", "user", "assistant"]},
+                 "content": {"oneOf": [STRING, array(obj({
+                     "type": {"type": "string", "enum": ["input_text", "output_text"]},
+                     "text": STRING}, ["type", "text"]))]}}, ["role", "content"]),
+            obj({"type": only("function_call", STRING), "call_id": STRING, "name": STRING,
+                 "arguments": STRING, "id": STRING, "status": STRING},
+                ["type", "call_id", "name", "arguments"]),
+            obj({"type": only("function_call_output", STRING), "call_id": STRING,
+                 "output": STRING, "id": STRING, "status": STRING},
+                ["type", "call_id", "output"])]}, minItems=1)]},
     }, ["input"], closed=True),
     "CompletionRequest": obj({
         **optional(OPENAI_COMMON),
@@ -591,19 +606,28 @@ TOKENIZE_ERROR = tgi_or_openai(
     "POST /tokenize; errors are TGI's for a body with `inputs` (or neither `prompt` nor "
     "`messages`), vLLM's OpenAI errors for one with `prompt` or `messages`")
 SHAPES = (KSERVE_ERROR, TGI_ERROR, OPENAI_ERROR, MINDIE_ERROR, SAGEMAKER_ERROR, TOKENIZE_ERROR)
-# A handler's error shape is its nearest base class's here.
+# A generation route's error shape is its protocol's nearest base class's here; another
+# handler's, its nearest base class's.
+PROTOCOL_ERROR_SHAPES: dict[type[GenerationProtocol], ErrorShape] = {
+    sagemaker.Invocations: SAGEMAKER_ERROR,
+    tgi.TgiProtocol: TGI_ERROR,
+    openai.OpenAIProtocol: OPENAI_ERROR,
+    mindie.MindieProtocol: MINDIE_ERROR,
+}
 ERROR_SHAPES: dict[type[tornado.web.RequestHandler], ErrorShape] = {
-    generation.InvocationsHandler: SAGEMAKER_ERROR,
     generation.TokenizeHandler: TOKENIZE_ERROR,
     generation.TgiHandler: TGI_ERROR,
     generation.OpenAIHandler: OPENAI_ERROR,
-    generation.MindIEHandler: MINDIE_ERROR,
+    generation.TokenizerHandler: MINDIE_ERROR,
     management.ManagementHandler: MINDIE_ERROR,
     Handler: KSERVE_ERROR,
 }
 
 
 def error_shape(handler: type[tornado.web.RequestHandler]) -> ErrorShape:
+    if issubclass(handler, generation.GenerationRoute):
+        return next(PROTOCOL_ERROR_SHAPES[base] for base in type(handler.protocol).__mro__
+                    if base in PROTOCOL_ERROR_SHAPES)
     return next(ERROR_SHAPES[base] for base in handler.__mro__ if base in ERROR_SHAPES)
 
 
@@ -710,7 +734,7 @@ OPERATIONS: dict[str, dict[str, Operation]] = {
         f"OpenAI's completions (streamed: {GENERATION_STREAM}, then `data: [DONE]`)",
         {**json_reply("TextCompletion"), **SSE}, ref("CompletionRequest"))},
     "openai_responses": {"post": Operation(
-        "OpenAI's Responses API, without stored responses or tools (streamed: its "
+        "OpenAI's Responses API, function tools included, without stored responses (streamed: its "
         "Server-Sent Events, `event:` and `data:` with `type` and `sequence_number`, from "
         "response.created to response.completed)",
         {**json_reply("Response"), **SSE}, ref("ResponsesRequest"))},

@@ -17,9 +17,11 @@ from http import HTTPStatus
 import grpc
 
 from switchboard.gateway.errors import bad_request
+from switchboard.gateway.protocols.exchange import Answer, Exchange, GenerationProtocol, ServedModel
 from switchboard.gateway.protocols.generation import PROMPT, Generation, generate_request, optional_bool
 from switchboard.gateway.protocols.kserve import optional_string, require_object, required_string
 from switchboard.gateway.protocols.parameters import UINT64_MAX, json_type
+from switchboard.gateway.sse import sse_event
 from switchboard.proto import switchboard_pb2 as sb
 
 HTTP_STATUS = {
@@ -139,3 +141,46 @@ def error_body(status: int, message: str) -> dict[str, object]:
     """MindIE's envelope: its documented types, else the status's reason phrase, as most of
     its types are (a wrong method is no "Incomplete Generation", its type for a 500)."""
     return {"error": message, "error_type": ERROR_TYPES.get(status, HTTPStatus(status).phrase)}
+
+
+def error_document(status: int, message: str, field: str | None) -> tuple[int, dict[str, object]]:
+    """MindIE's status and body: a field refused by the gateway or the server is 422 (Input
+    Validation Error), malformed JSON 400."""
+    status = 422 if status == 400 and field else status
+    return status, error_body(status, message)
+
+
+class MindieAnswer(Answer):
+    def __init__(self, details: bool, tokens: bool) -> None:
+        super().__init__()
+        self.details = details
+        self.tokens = tokens
+
+    def events(self, call: int, response: sb.GenerateResponse) -> list[bytes]:
+        self.collect(call, response)
+        return [sse_event(stream_event(response, self.generation, self.details, self.tokens))]
+
+    def reply(self) -> object:
+        return reply(self.generation, self.details, self.tokens)
+
+
+class MindieProtocol(GenerationProtocol):
+    """/infer, and /infer_token (`tokens`: token ids in and out)."""
+
+    status_table = HTTP_STATUS
+
+    def __init__(self, tokens: bool) -> None:
+        self.tokens = tokens
+
+    async def exchange(self, document: object, served_model: ServedModel) -> Exchange:
+        request, stream, details, deadline_s = infer_request_to_pb(document, self.tokens)
+        return Exchange([request], deadline_s, stream, MindieAnswer(details, self.tokens),
+                        TOKEN_NAMES if self.tokens else NAMES)
+
+    def error_document(self, status: int, message: str, field: str | None,
+                       error: BaseException | None) -> tuple[int, object]:
+        return error_document(status, message, field)
+
+
+INFER = MindieProtocol(tokens=False)
+INFER_TOKEN = MindieProtocol(tokens=True)

@@ -19,6 +19,7 @@ InferenceClient sends to a server given by its URL.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import json
 import time
@@ -29,11 +30,13 @@ from dataclasses import dataclass, field
 import grpc
 
 from switchboard.gateway.errors import bad_request
+from switchboard.gateway.protocols.exchange import Answer, Exchange, GenerationProtocol, ServedModel
 from switchboard.gateway.protocols.generation import (Generation, add_output_format, generate_request,
                                           optional_bool, renamed)
 from switchboard.gateway.protocols import openai_tools
 from switchboard.gateway.protocols.kserve import optional_string, refuse_unknown, require_object
 from switchboard.gateway.protocols.parameters import json_type
+from switchboard.gateway.sse import DONE_EVENT, sse_event
 from switchboard.proto import switchboard_pb2 as sb
 from switchboard.proto import vllm_sampling
 
@@ -203,19 +206,6 @@ def checked_document(document: object, fields: frozenset[str]) -> dict[str, obje
 def _same(value: object, neutral: object) -> bool:
     """Equal as JSON values (true is not 1)."""
     return isinstance(value, bool) == isinstance(neutral, bool) and value == neutral
-
-
-def refuse_tool_calls(document: Mapping[str, object], choices_without_tools: Sequence[str]
-                      ) -> None:
-    """A tool_choice other than those meaning none is refused, and so are tools unless
-    tool_choice is "none", which ignores them (as vLLM does): the served model calls no
-    tools."""
-    choice = document.get("tool_choice")
-    if choice not in (None, *choices_without_tools):
-        raise bad_request("tool_choice", "tool calling is not supported")
-    if document.get("tools") and choice != "none":
-        raise bad_request("tools", 'tool calling is not supported (with tool_choice "none" '
-                          'the tools are ignored)')
 
 
 def add_structured_outputs(value: object, values: dict[str, object],
@@ -494,3 +484,91 @@ def error_body(status: int, message: str, param: str | None) -> dict[str, object
     """OpenAI's error object; its `code` is a string (the spec's type): the HTTP status's."""
     return {"error": {"message": message, "type": ERROR_TYPES.get(status, "server_error"),
                       "param": param, "code": str(status)}}
+
+
+def error_document(status: int, message: str, field: str | None,
+                   error: BaseException | None) -> tuple[int, dict[str, object]]:
+    """OpenAI's status and error body; a model the server does not serve is named as vLLM's
+    `param` names it."""
+    if isinstance(error, grpc.aio.AioRpcError) and error.code() is grpc.StatusCode.NOT_FOUND:
+        field = "model"
+    return status, error_body(status, message, field)
+
+
+class CompletionAnswer(Answer):
+    """Chat's and completions' answer to one call per prompt; streamed, each choice opens
+    with its role (chat) or its echoed prompt."""
+
+    def __init__(self, calls: list[Call], options: OpenAIOptions) -> None:
+        super().__init__(len(calls))
+        self.calls = calls
+        self.options = options
+        self.sent_chars: dict[int, int] = {}  # per choice: the length of its text so far
+
+    def reply(self) -> object:
+        return reply(self.calls, self.generations, self.options)
+
+    def events(self, call: int, response: sb.GenerateResponse) -> list[bytes]:
+        options, generation = self.options, self.generations[call]
+        sequence = self.collect(call, response)
+        index = choice_index(options, call, response.index)
+        chunks = []
+        text, tokens = ("", []) if options.echo_only else (response.text, list(response.tokens))
+        prefix, prompt = "", []
+        if index not in self.sent_chars:
+            self.sent_chars[index] = 0
+            if options.echo:
+                prefix = echo_text(self.calls[call], generation)
+                prompt = generation.prompt
+            if options.kind == "chat.completion":
+                role_usage = usage(self.generations, pending=response.generated_tokens) \
+                    if options.continuous_usage else None
+                chunks.append(sse_event(chunk(options, index, role=True, usage=role_usage)))
+        # Where the chunk's first token's text starts in the choice's text.
+        offset = self.sent_chars[index] + (0 if prompt else len(prefix))
+        self.sent_chars[index] += len(prefix) + len(text)
+        chunks.append(sse_event(chunk(
+            options, index, delta_text=prefix + text, tokens=tokens, prompt=prompt,
+            text_offset=offset,
+            usage=usage(self.generations) if options.continuous_usage else None,
+            finish_reason="length" if options.echo_only and response.finish_reason
+            else openai_tools.finish_reason(sequence, response.finish_reason),
+            delta_fields=openai_tools.delta_fields(response))))
+        return chunks
+
+    def end(self) -> bytes:
+        summary = sse_event(usage_chunk(self.generations, self.options)) \
+            if self.options.include_usage else b""
+        return summary + DONE_EVENT
+
+    def error_event(self, body: object) -> bytes:
+        return sse_event(body) + DONE_EVENT
+
+
+class OpenAIProtocol(GenerationProtocol):
+    """OpenAI's routes' errors: `{"error": {"message", "type", "param", "code"}}`."""
+
+    status_table = HTTP_STATUS
+
+    def error_document(self, status: int, message: str, field: str | None,
+                       error: BaseException | None) -> tuple[int, object]:
+        return error_document(status, message, field, error)
+
+
+class CompletionsProtocol(OpenAIProtocol):
+    """/v1/chat/completions (`chat`) and /v1/completions."""
+
+    def __init__(self, chat: bool) -> None:
+        self.chat = chat
+
+    async def exchange(self, document: object, served_model: ServedModel) -> Exchange:
+        calls, options = (chat_request_to_pb(document) if self.chat
+                          else completion_request_to_pb(document))
+        if not options.model:
+            options = dataclasses.replace(options, model=await served_model())
+        return Exchange([call.request for call in calls], options.deadline_s, options.stream,
+                        CompletionAnswer(calls, options), options.names)
+
+
+CHAT = CompletionsProtocol(chat=True)
+COMPLETIONS = CompletionsProtocol(chat=False)

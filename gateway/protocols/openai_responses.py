@@ -7,19 +7,27 @@ Sampling is chat's (see openai.py: temperature 0 is greedy, vLLM's extras are ac
 `max_output_tokens` bounds the answer, which then ends "incomplete" with
 `incomplete_details.reason` "max_output_tokens"; `text.format` asks for JSON; `include`
 "message.output_text.logprobs" (with `top_logprobs`) adds the tokens' log-probabilities.
-Nothing is stored, so the reply says `store: false`, and a `previous_response_id` is not found
-(404, as vLLM without its store); tools, reasoning effort, other `include` values, background
-mode and `truncation: "auto"` are refused, naming them.
+Function tools (`tools` of `{"type": "function", "name", "description", "parameters"}`,
+`tool_choice`, `parallel_tool_calls`) work as on chat (openai_tools.py): the answer's calls are
+`function_call` output items (`call_id`, `name`, `arguments`) after its message (left out when
+it has no text), and `input` takes earlier calls (`function_call` items) and their results
+(`function_call_output` items, `call_id` and `output`). Nothing is stored, so the reply says
+`store: false`, and a `previous_response_id` is not found (404, as vLLM without its store);
+reasoning effort, other `include` values, background mode and `truncation: "auto"` are
+refused, naming them.
 
 Streamed, the reply is OpenAI's events, each `event: <type>` with its JSON (`type`,
 `sequence_number`): response.created, response.in_progress, response.output_item.added and
-response.content_part.added with the first answer, response.output_text.delta for each piece of
-text, then response.output_text.done, response.content_part.done, response.output_item.done and
-response.completed. An error after the first event is an `error` event, which ends the stream.
+response.content_part.added with the first text, response.output_text.delta for each piece of
+text, and per call response.output_item.added then response.function_call_arguments.delta for
+each piece of its arguments; at the end each item's done events (response.output_text.done and
+response.content_part.done, or response.function_call_arguments.done; then
+response.output_item.done) and response.completed. An error after the first event is an `error` event, which ends the stream.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 import uuid
@@ -27,11 +35,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from switchboard.gateway.errors import RequestError, bad_request
+from switchboard.gateway.protocols.exchange import Answer, Exchange, ServedModel
 from switchboard.gateway.protocols.generation import (Generation, SequenceResult, add_output_format,
                                           generate_request, optional_bool)
+from switchboard.gateway.protocols import openai_tools
 from switchboard.gateway.protocols.kserve import require_object
 from switchboard.gateway.protocols.openai import (IGNORED_FIELDS, NAMES, SAMPLING_FIELDS, UNLIMITED,
-                                      checked_document, message_text, refuse_tool_calls,
+                                      OpenAIProtocol, checked_document, message_text,
                                       requested_model, sampling_values, token_limit,
                                       token_logprobs)
 from switchboard.gateway.protocols.parameters import json_type
@@ -40,10 +50,12 @@ from switchboard.proto import switchboard_pb2 as sb
 
 FIELDS = (SAMPLING_FIELDS - {"n"}) | IGNORED_FIELDS | {
     "model", "input", "instructions", "max_output_tokens", "stream", "stream_options", "text",
-    "tools", "tool_choice", "previous_response_id", "reasoning", "include", "top_logprobs",
-    "truncation", "background"}
-# Errors about the prompt name `input`; about the length, max_output_tokens.
-RESPONSES_NAMES = {**NAMES, "input": "prompt", "max_output_tokens": "max_new_tokens"}
+    "tools", "tool_choice", "parallel_tool_calls", "previous_response_id", "reasoning", "include",
+    "top_logprobs", "truncation", "background"}
+# Errors about the prompt name `input`; about the length, max_output_tokens; about a named
+# tool, the Responses API's field (chat's nests it in `function`).
+RESPONSES_NAMES = {**NAMES, "input": "prompt", "max_output_tokens": "max_new_tokens",
+                   "tool_choice.name": "tool_choice.function.name"}
 # Content part types that carry text (an input message's, an earlier answer's).
 TEXT_PARTS = ("input_text", "output_text")
 TEXT_FORMATS = ("text", "json_object", "json_schema")
@@ -54,7 +66,9 @@ LOGPROBS = "message.output_text.logprobs"
 ECHOED_DEFAULTS: dict[str, object] = {"instructions": None, "metadata": {},
                                       "parallel_tool_calls": True, "service_tier": "auto",
                                       "temperature": 1.0, "top_logprobs": 0, "top_p": 1.0,
-                                      "user": None}
+                                      "user": None, "tools": [], "tool_choice": "auto"}
+# Input items besides messages: an earlier answer's call, and the call's result.
+CALL_ITEMS = ("function_call", "function_call_output")
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,9 +97,10 @@ def request_to_pb(document: object) -> tuple[sb.GenerateRequest, ResponsesOption
     text_format = _text_format(document)
     names = add_output_format("text.format", _as_response_format(text_format), values,
                               RESPONSES_NAMES)
-    request, deadline_s = generate_request(
-        requested_model(document),
-        _messages(document.get("instructions"), document.get("input")), values, names=names)
+    messages = _messages(document.get("instructions"), document.get("input"))
+    openai_tools.add_tools(document, messages, nested=False)
+    request, deadline_s = generate_request(requested_model(document), messages, values,
+                                           names=names)
     stream = optional_bool(document, "stream")
     echoed = {name: default if document.get(name) is None else document[name]
               for name, default in ECHOED_DEFAULTS.items()}
@@ -102,7 +117,6 @@ def _refuse_unsupported(document: Mapping[str, object]) -> None:
         raise RequestError(404, f"previous_response_id: no response {previous!r} is stored: "
                            "responses are not stored here, send the conversation in `input`",
                            "previous_response_id")
-    refuse_tool_calls(document, ("none", "auto"))
     reasoning = document.get("reasoning")
     if reasoning is not None and require_object(reasoning, "reasoning").get("effort") is not None:
         raise bad_request("reasoning", "the served model does not reason")
@@ -151,9 +165,13 @@ def _messages(instructions: object, items: object) -> sb.ChatMessages:
     for index, item in enumerate(items):
         where = f"input[{index}]"
         item = require_object(item, where)
-        if item.get("type", "message") != "message":
-            raise bad_request(f"{where}.type", f"only messages are supported; got "
-                              f"{item.get('type')!r}")
+        kind = item.get("type", "message")
+        if kind in CALL_ITEMS:
+            _add_call_item(messages, item, where)
+            continue
+        if kind != "message":
+            raise bad_request(f"{where}.type", "must be message, function_call or "
+                              f"function_call_output; got {json.dumps(kind)}")
         if item.get("content") is None:
             raise bad_request(f"{where}.content", "is required: a string or text parts")
         role = item.get("role")
@@ -165,13 +183,50 @@ def _messages(instructions: object, items: object) -> sb.ChatMessages:
     return messages
 
 
+def _add_call_item(messages: sb.ChatMessages, item: Mapping[str, object], where: str) -> None:
+    """A function_call item joins the assistant message before it (or opens one); a
+    function_call_output item is a tool message."""
+    for name in ("call_id", *(("name", "arguments") if item["type"] == "function_call"
+                              else ("output",))):
+        if not isinstance(item.get(name), str):
+            raise bad_request(f"{where}.{name}", f"must be a string; got {json_type(item.get(name))}")
+    if item["type"] == "function_call_output":
+        messages.messages.add(role="tool", content=item["output"], tool_call_id=item["call_id"])
+        return
+    if not messages.messages or messages.messages[-1].role != "assistant":
+        messages.messages.add(role="assistant")
+    messages.messages[-1].tool_calls.add(id=item["call_id"], name=item["name"],
+                                         arguments=item["arguments"])
+
+
 def reply(options: ResponsesOptions, generation: Generation) -> dict[str, object]:
     """The finished response object."""
     [sequence] = generation.ordered()
-    return _response(options, generation, sequence)
+    return _response(options, list(output_items(options, sequence).values()), generation,
+                     sequence)
 
 
-def _response(options: ResponsesOptions, generation: Generation | None = None,
+def output_items(options: ResponsesOptions, sequence: SequenceResult
+                 ) -> dict[int | None, dict[str, object]]:
+    """The answer's output items: its message (key None; left out when it has no text but
+    calls), then its calls by index."""
+    status = "incomplete" if sequence.finish_reason == "length" else "completed"
+    items: dict[int | None, dict[str, object]] = {}
+    if sequence.generated_text or not sequence.tool_calls:
+        items[None] = _message(options, status, _text_part(options, sequence.generated_text,
+                                                           sequence.tokens))
+    for index, call in sorted(sequence.tool_calls.items()):
+        items[index] = _function_call(call.id, call.name, "".join(call.arguments), status)
+    return items
+
+
+def _function_call(call_id: str, name: str, arguments: str, status: str) -> dict[str, object]:
+    return {"id": f"fc_{call_id.removeprefix('call_')}", "type": "function_call",
+            "status": status, "call_id": call_id, "name": name, "arguments": arguments}
+
+
+def _response(options: ResponsesOptions, output: list[dict[str, object]],
+              generation: Generation | None = None,
               sequence: SequenceResult | None = None) -> dict[str, object]:
     """The response object: in progress (no generation yet), else finished."""
     done = generation is not None and sequence is not None
@@ -180,12 +235,9 @@ def _response(options: ResponsesOptions, generation: Generation | None = None,
     return {"id": options.id, "object": "response", "created_at": options.created_at,
             "status": status, "error": None,
             "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
-            "model": options.model,
-            "output": [_message(options, status, _text_part(options, sequence.generated_text,
-                                                            sequence.tokens))] if done else [],
+            "model": options.model, "output": output,
             "previous_response_id": None, "reasoning": None, "store": False,
-            "background": False, "max_tool_calls": None,
-            "tool_choice": "auto", "tools": [], "truncation": "disabled",
+            "background": False, "max_tool_calls": None, "truncation": "disabled",
             "usage": _usage(generation) if done else None, **options.echoed}
 
 
@@ -215,42 +267,68 @@ def _usage(generation: Generation) -> dict[str, object]:
 
 
 class ResponseEvents:
-    """A streamed response's events, numbered in order."""
+    """A streamed response's events, numbered in order; its output items are numbered in the
+    order they open: the message at its first text, a call at its first piece."""
 
     def __init__(self, options: ResponsesOptions) -> None:
         self.options = options
         self.sequence_number = 0
         self.started = False
+        # The output index of each item opened: the message's (key None), each call's.
+        self.opened: dict[int | None, int] = {}
+        self.call_item_ids: dict[int, str] = {}
 
     def add(self, response: sb.GenerateResponse) -> list[bytes]:
         """The events of one piece of the answer (the opening ones before the first)."""
         events = []
         if not self.started:
             self.started = True
-            in_progress = _response(self.options)
+            in_progress = _response(self.options, [])
             events += [self._event("response.created", response=in_progress),
-                       self._event("response.in_progress", response=in_progress),
-                       self._event("response.output_item.added", output_index=0,
-                                   item=_message(self.options, "in_progress", None)),
-                       self._event("response.content_part.added", **self._where(),
-                                   part=_text_part(self.options, "", []))]
+                       self._event("response.in_progress", response=in_progress)]
         if response.text:
+            if None not in self.opened:
+                events += self._open_message()
             events.append(self._event("response.output_text.delta", **self._where(),
                                       delta=response.text,
                                       logprobs=_logprobs(self.options, list(response.tokens))))
+        for call in response.tool_calls:
+            if call.index not in self.opened:
+                self.opened[call.index] = len(self.opened)
+                item = _function_call(call.id, call.name, "", "in_progress")
+                self.call_item_ids[call.index] = item["id"]
+                events.append(self._event("response.output_item.added",
+                                          output_index=self.opened[call.index], item=item))
+            if call.arguments:
+                events.append(self._event(
+                    "response.function_call_arguments.delta",
+                    item_id=self.call_item_ids[call.index],
+                    output_index=self.opened[call.index], delta=call.arguments))
         return events
 
     def finish(self, generation: Generation) -> bytes:
         """The closing events, with the whole answer."""
-        final = reply(self.options, generation)
-        [item] = final["output"]
-        [part] = item["content"]
-        return b"".join([
-            self._event("response.output_text.done", **self._where(), text=part["text"],
-                        logprobs=part["logprobs"]),
-            self._event("response.content_part.done", **self._where(), part=part),
-            self._event("response.output_item.done", output_index=0, item=item),
-            self._event("response.completed", response=final)])
+        [sequence] = generation.ordered()
+        items = output_items(self.options, sequence)
+        events = self._open_message() if None in items and None not in self.opened else []
+        for key, index in sorted(self.opened.items(), key=lambda opened: opened[1]):
+            item = items[key]
+            if key is None:
+                [part] = item["content"]
+                events += [self._event("response.output_text.done", **self._where(),
+                                       text=part["text"], logprobs=part["logprobs"]),
+                           self._event("response.content_part.done", **self._where(),
+                                       part=part)]
+            else:
+                events.append(self._event("response.function_call_arguments.done",
+                                          item_id=item["id"], output_index=index,
+                                          arguments=item["arguments"]))
+            events.append(self._event("response.output_item.done", output_index=index,
+                                      item=item))
+        final = _response(self.options, [items[key] for key in
+                                         sorted(self.opened, key=self.opened.__getitem__)],
+                          generation, sequence)
+        return b"".join([*events, self._event("response.completed", response=final)])
 
     def error(self, body: Mapping[str, object]) -> bytes:
         """OpenAI's error event, from its error body."""
@@ -258,11 +336,53 @@ class ResponseEvents:
         return self._event("error", code=str(error["code"]), message=error["message"],
                            param=error["param"])
 
+    def _open_message(self) -> list[bytes]:
+        self.opened[None] = len(self.opened)
+        return [self._event("response.output_item.added", output_index=self.opened[None],
+                            item=_message(self.options, "in_progress", None)),
+                self._event("response.content_part.added", **self._where(),
+                            part=_text_part(self.options, "", []))]
+
     def _where(self) -> dict[str, object]:
-        return {"item_id": self.options.message_id, "output_index": 0, "content_index": 0}
+        return {"item_id": self.options.message_id, "output_index": self.opened[None],
+                "content_index": 0}
 
     def _event(self, kind: str, **fields: object) -> bytes:
         event = sse_event({"type": kind, "sequence_number": self.sequence_number, **fields},
                           name=kind)
         self.sequence_number += 1
         return event
+
+
+class ResponsesAnswer(Answer):
+    def __init__(self, options: ResponsesOptions) -> None:
+        super().__init__()
+        self.options = options
+        self.stream_events = ResponseEvents(options)
+
+    def reply(self) -> object:
+        return reply(self.options, self.generation)
+
+    def events(self, call: int, response: sb.GenerateResponse) -> list[bytes]:
+        self.collect(call, response)
+        return self.stream_events.add(response)
+
+    def end(self) -> bytes:
+        return self.stream_events.finish(self.generation)
+
+    def error_event(self, body: object) -> bytes:
+        return self.stream_events.error(body)
+
+
+class ResponsesProtocol(OpenAIProtocol):
+    """/v1/responses."""
+
+    async def exchange(self, document: object, served_model: ServedModel) -> Exchange:
+        request, options = request_to_pb(document)
+        if not options.model:
+            options = dataclasses.replace(options, model=await served_model())
+        return Exchange([request], options.deadline_s, options.stream, ResponsesAnswer(options),
+                        options.names)
+
+
+RESPONSES = ResponsesProtocol()

@@ -27,26 +27,31 @@ TOOL_CHOICES = {"none": sb.TOOL_CHOICE_NONE, "auto": sb.TOOL_CHOICE_AUTO,
 STOPPED = frozenset({"eos_token", "stop_sequence", "stopped", "stop"})
 
 
-def add_tools(document: Mapping[str, object], messages: sb.ChatMessages) -> None:
-    """The request's tools, tool_choice and parallel_tool_calls onto `messages`."""
+def add_tools(document: Mapping[str, object], messages: sb.ChatMessages,
+              nested: bool = True) -> None:
+    """The request's tools, tool_choice and parallel_tool_calls onto `messages`. Chat's
+    functions are `nested` in their tool (`{"type": "function", "function": {"name"}}`), the
+    Responses API's are the tool itself (`{"type": "function", "name"}`)."""
     tools = document.get("tools")
     if tools is not None and not isinstance(tools, list):
         raise bad_request("tools", f"must be an array of tools; got {json_type(tools)}")
     for index, tool in enumerate(tools or []):
-        messages.tools.append(_tool(index, tool))
+        messages.tools.append(_tool(f"tools[{index}]", tool, nested))
     choice = document.get("tool_choice")
+    named = '{"type": "function", "function": {"name": …}}' if nested \
+        else '{"type": "function", "name": …}'
     if isinstance(choice, str) and choice in TOOL_CHOICES:
         messages.tool_choice = TOOL_CHOICES[choice]
     elif isinstance(choice, dict):
-        function = require_object(choice.get("function"), "tool_choice.function")
+        function = require_object(choice.get("function"), "tool_choice.function") if nested \
+            else choice
         if choice.get("type") != "function" or not isinstance(function.get("name"), str):
-            raise bad_request("tool_choice", 'must be {"type": "function", "function": '
-                              '{"name": …}}')
+            raise bad_request("tool_choice", f"must be {named}")
         messages.tool_choice = sb.TOOL_CHOICE_NAMED
         messages.tool_choice_name = function["name"]
     elif choice is not None:
-        raise bad_request("tool_choice", 'must be "none", "auto", "required" or {"type": '
-                          f'"function", "function": {{"name": …}}}}; got {json.dumps(choice)}')
+        raise bad_request("tool_choice", f'must be "none", "auto", "required" or {named}; got '
+                          f"{json.dumps(choice)}")
     parallel = document.get("parallel_tool_calls")
     if parallel is not None:
         if not isinstance(parallel, bool):
@@ -54,20 +59,21 @@ def add_tools(document: Mapping[str, object], messages: sb.ChatMessages) -> None
         messages.parallel_tool_calls = parallel
 
 
-def _tool(index: int, tool: object) -> sb.Tool:
-    where = f"tools[{index}]"
+def _tool(where: str, tool: object, nested: bool) -> sb.Tool:
     tool = require_object(tool, where)
     if tool.get("type") != "function":
         raise bad_request(f"{where}.type", f'must be "function"; got {json.dumps(tool.get("type"))}')
-    function = require_object(tool.get("function"), f"{where}.function")
+    if nested:
+        where = f"{where}.function"
+    function = require_object(tool.get("function"), where) if nested else tool
     name, description = function.get("name"), function.get("description")
     if not isinstance(name, str) or not name:
-        raise bad_request(f"{where}.function.name", "is required: a tool needs a name")
+        raise bad_request(f"{where}.name", "is required: a tool needs a name")
     if description is not None and not isinstance(description, str):
-        raise bad_request(f"{where}.function.description", "must be a string")
+        raise bad_request(f"{where}.description", "must be a string")
     parameters = function.get("parameters")
     if parameters is not None and not isinstance(parameters, dict):
-        raise bad_request(f"{where}.function.parameters", "must be a JSON schema object; got "
+        raise bad_request(f"{where}.parameters", "must be a JSON schema object; got "
                           f"{json_type(parameters)}")
     return sb.Tool(name=name, description=description or "",
                    parameters_json=json.dumps(parameters) if parameters is not None else "")

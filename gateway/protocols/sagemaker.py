@@ -13,9 +13,13 @@ on that route.
 from __future__ import annotations
 
 from switchboard.gateway.errors import RequestError
+from switchboard.gateway.protocols import openai, tgi
+from switchboard.gateway.protocols.exchange import GenerationProtocol
 
-# The field telling each API's body, in the order TGI tries them.
-API_FIELDS = ("inputs", "messages", "prompt")
+# The protocol of each API's body, by the field telling it, in the order TGI tries them.
+API_PROTOCOLS: dict[str, GenerationProtocol] = {
+    "inputs": tgi.COMPAT, "messages": openai.CHAT, "prompt": openai.COMPLETIONS}
+API_FIELDS = tuple(API_PROTOCOLS)
 
 
 def api_field(document: object) -> str:
@@ -27,3 +31,14 @@ def api_field(document: object) -> str:
     raise RequestError(400, "the body must be a JSON object with `inputs` (TGI's generate "
                        "request), `messages` (a chat completion request) or `prompt` (a "
                        "completion request)")
+
+
+class Invocations(openai.OpenAIProtocol):
+    """A body for none of the APIs gets OpenAI's 400, as vLLM answers it; so do the refusals
+    that come before the body is read (413, and 503 while stopping)."""
+
+    def speaking(self, document: object) -> GenerationProtocol:
+        return API_PROTOCOLS[api_field(document)]
+
+
+INVOCATIONS = Invocations()

@@ -31,11 +31,13 @@ from dataclasses import dataclass, field
 import grpc
 
 from switchboard.gateway.errors import bad_request
+from switchboard.gateway.protocols.exchange import Answer, Exchange, GenerationProtocol, ServedModel
 from switchboard.gateway.protocols.generation import (Generation, SequenceResult, add_output_format,
                                           generate_request, optional_bool, renamed)
 from switchboard.gateway.protocols.kserve import refuse_unknown, require_object, required_string
 from switchboard.gateway.protocols.openai import chat_request_to_pb
 from switchboard.gateway.protocols.parameters import json_type
+from switchboard.gateway.sse import sse_event
 from switchboard.proto import switchboard_pb2 as sb
 
 # TGI's names → MindIE's, where they differ; the other generation parameters share names.
@@ -254,6 +256,52 @@ def stream_event(response: sb.GenerateResponse, generation: Generation, options:
 
 def error_body(status: int, message: str) -> dict[str, object]:
     return {"error": message, "error_type": ERROR_TYPES.get(status, "generation")}
+
+
+def error_document(status: int, message: str) -> tuple[int, dict[str, object]]:
+    """TGI's status and body: a refused request is 422, as TGI's validation answers."""
+    status = 422 if status == 400 else status
+    return status, error_body(status, message)
+
+
+class TgiAnswer(Answer):
+    def __init__(self, options: TgiOptions, compat: bool) -> None:
+        super().__init__()
+        self.options = options
+        self.compat = compat
+
+    def events(self, call: int, response: sb.GenerateResponse) -> list[bytes]:
+        self.collect(call, response)
+        return [sse_event(stream_event(response, self.generation, self.options))]
+
+    def reply(self) -> object:
+        answer = reply(self.generation, self.options)
+        return [answer] if self.compat else answer
+
+
+class TgiProtocol(GenerationProtocol):
+    """TGI's generate routes; `stream` None lets the body's `stream` decide, and `compat`
+    answers a one-element array (POST /)."""
+
+    status_table = HTTP_STATUS
+
+    def __init__(self, stream: bool | None = False, compat: bool = False) -> None:
+        self.stream = stream
+        self.compat = compat
+
+    async def exchange(self, document: object, served_model: ServedModel) -> Exchange:
+        request, options = generate_request_to_pb(document, self.stream)
+        return Exchange([request], options.deadline_s, options.stream,
+                        TgiAnswer(options, self.compat), options.names)
+
+    def error_document(self, status: int, message: str, field: str | None,
+                       error: BaseException | None) -> tuple[int, object]:
+        return error_document(status, message)
+
+
+GENERATE = TgiProtocol()
+GENERATE_STREAM = TgiProtocol(stream=True)
+COMPAT = TgiProtocol(stream=None, compat=True)
 
 
 def info_json(model_name: str, parameters: Mapping[str, str], version: str) -> dict[str, object]:

@@ -21,13 +21,14 @@ import json
 import grpc
 
 from switchboard.gateway.errors import bad_request
+from switchboard.gateway.protocols.exchange import Answer, Exchange, GenerationProtocol, ServedModel
 from switchboard.gateway.protocols.generation import (Generation, generate_request,
                                           optional_bool, renamed)
 from switchboard.gateway.protocols.kserve import (optional_string, refuse_unknown, require_object,
                                       required_string)
 from switchboard.gateway.protocols.openai import TEMPLATE_FIELDS, chat_messages
 from switchboard.gateway.protocols.parameters import UINT32_MAX, json_type
-from switchboard.gateway.protocols.tgi import HTTP_STATUS as TGI_HTTP_STATUS
+from switchboard.gateway.protocols import tgi
 from switchboard.proto import switchboard_pb2 as sb
 from switchboard.proto import vllm_sampling
 
@@ -38,7 +39,7 @@ STREAM_CONTENT_TYPE = "application/octet-stream"
 NAMES = vllm_sampling.NAMES
 DETOKENIZE_NAMES = {"tokens": "token_ids"}
 # TGI's statuses (the route is shared), but a full queue is 503: 429 is TGI's alone.
-HTTP_STATUS = {**TGI_HTTP_STATUS, grpc.StatusCode.RESOURCE_EXHAUSTED: 503}
+HTTP_STATUS = {**tgi.HTTP_STATUS, grpc.StatusCode.RESOURCE_EXHAUSTED: 503}
 SAMPLING_FIELDS = frozenset({"n", "best_of", "presence_penalty", "frequency_penalty",
                              "repetition_penalty", "temperature", "top_p", "top_k", "min_p",
                              "seed", "stop", "stop_token_ids", "ignore_eos", "max_tokens",
@@ -69,6 +70,49 @@ def stream_line(generation: Generation, prompt: str) -> bytes:
 
 def stream_error(body: object) -> bytes:
     return json.dumps(body, ensure_ascii=False).encode() + DELIMITER
+
+
+class VllmAnswer(Answer):
+    content_type = STREAM_CONTENT_TYPE
+
+    def __init__(self, prompt: str) -> None:
+        super().__init__()
+        self.prompt = prompt
+
+    def events(self, call: int, response: sb.GenerateResponse) -> list[bytes]:
+        self.collect(call, response)
+        return [stream_line(self.generation, self.prompt)]
+
+    def reply(self) -> object:
+        return texts(self.generation, self.prompt)
+
+    def error_event(self, body: object) -> bytes:
+        return stream_error(body)
+
+
+class VllmProtocol(GenerationProtocol):
+    """vLLM's demo /generate; its errors are TGI's, whose route it shares."""
+
+    status_table = HTTP_STATUS
+
+    async def exchange(self, document: object, served_model: ServedModel) -> Exchange:
+        request, prompt, stream, deadline_s = generate_request_to_pb(document)
+        return Exchange([request], deadline_s, stream, VllmAnswer(prompt), NAMES)
+
+    def error_document(self, status: int, message: str, field: str | None,
+                       error: BaseException | None) -> tuple[int, object]:
+        return tgi.error_document(status, message)
+
+
+class SharedGenerate(tgi.TgiProtocol):
+    """POST /generate: TGI's (`inputs`) or vLLM's demo server's (`prompt`), by the body."""
+
+    def speaking(self, document: object) -> GenerationProtocol:
+        return self if tgi.is_tgi(document) else GENERATE
+
+
+GENERATE = VllmProtocol()
+TGI_OR_VLLM_GENERATE = SharedGenerate()
 
 
 def tokenize_request_to_pb(document: object) -> tuple[sb.TokenizeRequest, bool]:

@@ -142,6 +142,49 @@ def test_a_streamed_call_comes_as_openai_streams_it_and_the_loop_goes_on(client,
     answer_with_the_tools_result(client, whole.choices[0].message)
 
 
+RESPONSES_WEATHER = {"type": "function", **WEATHER["function"]}
+RESPONSES_NAMED = {"type": "function", "name": "get_weather"}
+
+
+def responses_call(response) -> object:
+    """A Responses API answer's one function_call item, whose arguments must validate."""
+    [call] = [item for item in response.output if item.type == "function_call"]
+    assert call.name == "get_weather" and call.call_id.startswith("call_")
+    jsonschema.validate(json.loads(call.arguments), WEATHER_PARAMETERS)
+    return call
+
+
+@pytest.mark.parametrize("choice", ["required", RESPONSES_NAMED], ids=["required", "named"])
+def test_the_responses_api_calls_the_tool_then_answers_its_result(client, choice) -> None:
+    response = client.responses.create(
+        model=MODEL, input=QUESTION["content"], tools=[RESPONSES_WEATHER], tool_choice=choice,
+        parallel_tool_calls=False, temperature=0, max_output_tokens=MAX_TOKENS)
+    call = responses_call(response)
+    assert [item.type for item in response.output] == ["function_call"]
+    answer = client.responses.create(
+        model=MODEL, tools=[RESPONSES_WEATHER], tool_choice="none", temperature=0,
+        max_output_tokens=16,
+        input=[{"role": "user", "content": QUESTION["content"]},
+               {"type": "function_call", "call_id": call.call_id, "name": call.name,
+                "arguments": call.arguments},
+               {"type": "function_call_output", "call_id": call.call_id,
+                "output": TOOL_RESULT}])
+    assert answer.output_text
+    assert not [item for item in answer.output if item.type == "function_call"]
+
+
+def test_a_streamed_responses_call_streams_its_arguments(client) -> None:
+    events = list(client.responses.create(
+        model=MODEL, input=QUESTION["content"], tools=[RESPONSES_WEATHER],
+        tool_choice=RESPONSES_NAMED, temperature=0, max_output_tokens=MAX_TOKENS, stream=True))
+    assert events[-1].type == "response.completed"
+    call = responses_call(events[-1].response)
+    streamed = "".join(event.delta for event in events
+                       if event.type == "response.function_call_arguments.delta")
+    [done] = [event for event in events if event.type == "response.function_call_arguments.done"]
+    assert streamed == done.arguments == call.arguments
+
+
 @pytest.mark.parametrize("fields, param, message", [
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
      "tool_choice.function.name", "not one of the tools"),

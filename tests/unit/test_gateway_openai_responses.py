@@ -64,7 +64,9 @@ def test_a_json_schema_format_is_the_servers_guided_json() -> None:
 @pytest.mark.parametrize(("document", "field"), [
     ({}, "input"),
     ({"input": []}, "input"),
-    ({"input": [{"type": "function_call_output", "output": "1"}]}, "input[0].type"),
+    ({"input": [{"type": "function_call_output", "output": "1"}]}, "input[0].call_id"),
+    ({"input": [{"type": "function_call", "call_id": "c", "name": "f"}]}, "input[0].arguments"),
+    ({"input": [{"type": "reasoning", "summary": []}]}, "input[0].type"),
     ({"input": [{"role": "tool", "content": "x"}]}, "input[0].role"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}]},
      "input[0].content[0]"),
@@ -74,8 +76,10 @@ def test_a_json_schema_format_is_the_servers_guided_json() -> None:
      "input[0].content[0].text"),
     ({"input": "x", "temperature": -1}, "temperature"),
     ({"input": "x", "instructions": ["a"]}, "instructions"),
-    ({"input": "x", "tools": [{"type": "function", "name": "f"}]}, "tools"),
-    ({"input": "x", "tool_choice": "required"}, "tool_choice"),
+    ({"input": "x", "tools": [{"type": "function"}]}, "tools[0].name"),
+    ({"input": "x", "tools": [{"type": "web_search"}]}, "tools[0].type"),
+    ({"input": "x", "tool_choice": {"type": "function", "function": {"name": "f"}}},
+     "tool_choice"),
     ({"input": "x", "reasoning": {"effort": "low"}}, "reasoning"),
     ({"input": "x", "include": ["reasoning.encrypted_content"]}, "include"),
     ({"input": "x", "include": "message.output_text.logprobs"}, "include"),
@@ -214,3 +218,76 @@ def test_logprobs_are_included_when_asked_for_in_the_part_and_each_delta() -> No
     assert part["logprobs"][0] == hi and [entry["token"] for entry in part["logprobs"]] == \
         ["Hi", "!"]
     assert stream["response.output_text.done"]["logprobs"] == part["logprobs"]
+
+
+WEATHER = {"type": "function", "name": "weather", "description": "The weather in a city",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
+
+
+def test_function_tools_and_earlier_calls_and_their_outputs_travel_as_chats() -> None:
+    request, options = responses.request_to_pb({
+        "input": [{"role": "user", "content": "Weather in Paris?"},
+                  {"type": "function_call", "call_id": "call_1", "name": "weather",
+                   "arguments": '{"city": "Paris"}'},
+                  {"type": "function_call_output", "call_id": "call_1", "output": "sunny"}],
+        "tools": [WEATHER], "tool_choice": {"type": "function", "name": "weather"},
+        "parallel_tool_calls": False})
+    messages = request.messages
+    assert [(message.role, message.content, message.tool_call_id)
+            for message in messages.messages] == [("user", "Weather in Paris?", ""),
+                                                  ("assistant", "", ""), ("tool", "sunny", "call_1")]
+    [call] = messages.messages[1].tool_calls
+    assert (call.id, call.name, call.arguments) == ("call_1", "weather", '{"city": "Paris"}')
+    [tool] = messages.tools
+    assert (tool.name, json.loads(tool.parameters_json)) == ("weather", WEATHER["parameters"])
+    assert (messages.tool_choice, messages.tool_choice_name) == (sb.TOOL_CHOICE_NAMED, "weather")
+    assert messages.parallel_tool_calls is False
+    assert (options.echoed["tools"], options.echoed["tool_choice"]) == \
+        ([WEATHER], {"type": "function", "name": "weather"})
+
+
+def called(text: str = "", *calls: sb.ToolCallDelta, finish_reason: str = "") -> sb.GenerateResponse:
+    response = generated(text, finish_reason, tokens=1)
+    response.tool_calls.extend(calls)
+    return response
+
+
+CALL_PIECES = (sb.ToolCallDelta(index=0, id="call_7", name="weather", arguments='{"city": '),
+               sb.ToolCallDelta(index=0, arguments='"Paris"}'))
+
+
+def test_an_answer_of_calls_is_function_call_items_without_a_message() -> None:
+    _, options = responses.request_to_pb({"input": "x", "tools": [WEATHER]})
+    generation = Generation()
+    generation.add(called("", CALL_PIECES[0]))
+    generation.add(called("", CALL_PIECES[1], finish_reason="eos_token"))
+    assert responses.reply(options, generation)["output"] == [
+        {"id": "fc_7", "type": "function_call", "status": "completed", "call_id": "call_7",
+         "name": "weather", "arguments": '{"city": "Paris"}'}]
+
+
+def test_a_streamed_call_opens_its_item_then_streams_its_arguments() -> None:
+    _, options = responses.request_to_pb({"input": "x", "tools": [WEATHER], "stream": True})
+    events = responses.ResponseEvents(options)
+    generation = Generation()
+    chunks = []
+    for response in (called("Let me check.", CALL_PIECES[0]),
+                     called("", CALL_PIECES[1], finish_reason="eos_token")):
+        generation.add(response)
+        chunks += events.add(response)
+    stream = parsed([*chunks, events.finish(generation)])
+    assert [name for name, _ in stream] == [
+        "response.created", "response.in_progress", "response.output_item.added",
+        "response.content_part.added", "response.output_text.delta",
+        "response.output_item.added", "response.function_call_arguments.delta",
+        "response.function_call_arguments.delta", "response.output_text.done",
+        "response.content_part.done", "response.output_item.done",
+        "response.function_call_arguments.done", "response.output_item.done",
+        "response.completed"]
+    arguments = [data for name, data in stream
+                 if name == "response.function_call_arguments.delta"]
+    assert [(data["item_id"], data["output_index"], data["delta"]) for data in arguments] == \
+        [("fc_7", 1, '{"city": '), ("fc_7", 1, '"Paris"}')]
+    done = dict(stream)["response.function_call_arguments.done"]
+    assert (done["output_index"], done["arguments"]) == (1, '{"city": "Paris"}')
+    assert stream[-1][1]["response"] == responses.reply(options, generation)

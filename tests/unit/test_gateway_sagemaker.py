@@ -1,12 +1,11 @@
 """SageMaker's POST /invocations (gateway/protocols/sagemaker.py): which API a body is for, and
-the handler serving it, that of the route for that API. No network; the routes end to end are
+the protocol serving it, that of the route for that API. No network; the routes end to end are
 in tests/peers/test_gateway_sagemaker.py."""
 
 from __future__ import annotations
 
 import pytest
 
-from switchboard.gateway import generation_handlers as generation
 from switchboard.gateway.app import ROUTES
 from switchboard.gateway.config import Plane
 from switchboard.gateway.errors import RequestError
@@ -37,11 +36,14 @@ def test_a_body_for_no_api_is_refused_naming_the_fields_expected(body: object) -
     assert all(f"`{field}`" in refused.value.message for field in sagemaker.API_FIELDS)
 
 
-def test_each_body_is_served_by_its_routes_handler() -> None:
+def test_each_body_is_served_by_its_routes_protocol() -> None:
     handlers = {pattern: handler for pattern, handler, _ in ROUTES[Plane.BUSINESS]}
-    assert generation.INVOCATION_HANDLERS == {
-        "inputs": handlers[r"/"], "messages": handlers[r"/v1/chat/completions"],
-        "prompt": handlers[r"/v1/completions"]}
-    assert set(generation.INVOCATION_HANDLERS) == set(sagemaker.API_FIELDS)
+    bodies = {"inputs": {"inputs": "Hi"}, "messages": {"messages": [USER]},
+              "prompt": {"prompt": "Hi"}}
+    speaking = {field: sagemaker.INVOCATIONS.speaking(body) for field, body in bodies.items()}
+    assert speaking == {"inputs": handlers[r"/"].protocol,
+                        "messages": handlers[r"/v1/chat/completions"].protocol,
+                        "prompt": handlers[r"/v1/completions"].protocol}
+    assert set(speaking) == set(sagemaker.API_FIELDS)
+    assert handlers[r"/invocations"].protocol is sagemaker.INVOCATIONS
     assert handlers[r"/invocations"].runs_inference
-    assert all(handler.runs_inference for handler in generation.INVOCATION_HANDLERS.values())
