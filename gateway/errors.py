@@ -9,7 +9,9 @@ import grpc
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
-# KServe v2 / Triton / MindIE's Triton routes. Load refusals are 503 outside TGI (TGI: 429).
+# Every protocol's table, as KServe v2 / Triton / MindIE's Triton routes answer; the others
+# differ from it in a few statuses (TGI's and MindIE's validation 422, TGI's full queue 429).
+# A status not in a table is 500.
 KSERVE_HTTP_STATUS: dict[grpc.StatusCode, int] = {
     grpc.StatusCode.INVALID_ARGUMENT: 400,
     grpc.StatusCode.OUT_OF_RANGE: 400,

@@ -16,7 +16,7 @@ from http import HTTPStatus
 
 import grpc
 
-from switchboard.gateway.errors import bad_request
+from switchboard.gateway.errors import KSERVE_HTTP_STATUS, bad_request
 from switchboard.gateway.protocols.exchange import Answer, Exchange, GenerationProtocol, ServedModel
 from switchboard.gateway.protocols.generation import PROMPT, Generation, generate_request, optional_bool
 from switchboard.gateway.protocols.kserve import optional_string, require_object, required_string
@@ -24,17 +24,8 @@ from switchboard.gateway.protocols.parameters import UINT64_MAX, json_type
 from switchboard.gateway.sse import sse_event
 from switchboard.proto import switchboard_pb2 as sb
 
-HTTP_STATUS = {
-    grpc.StatusCode.INVALID_ARGUMENT: 422,
-    grpc.StatusCode.NOT_FOUND: 404,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: 503,
-    grpc.StatusCode.UNAVAILABLE: 503,
-    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
-    grpc.StatusCode.INTERNAL: 424,
-    # The server refusing the gateway's own certificate: no fault of the client's.
-    grpc.StatusCode.UNAUTHENTICATED: 503,
-    grpc.StatusCode.PERMISSION_DENIED: 503,
-}
+HTTP_STATUS = {**KSERVE_HTTP_STATUS, grpc.StatusCode.INVALID_ARGUMENT: 422,
+               grpc.StatusCode.INTERNAL: 424}
 ERROR_TYPES = {400: "Bad Request", 404: "NotFoundError", 422: "Input Validation Error",
                424: "Generation Error", 500: "Incomplete Generation", 501: "Not Implemented",
                503: "Service Unavailable"}

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from switchboard.gateway.errors import bad_request
+from switchboard.gateway.errors import KSERVE_HTTP_STATUS, bad_request
 from switchboard.gateway.protocols.exchange import Answer, Exchange, GenerationProtocol, ServedModel
 from switchboard.gateway.protocols.generation import (Generation, add_output_format, generate_request,
                                           optional_bool, renamed)
@@ -88,16 +88,7 @@ STRUCTURED_OUTPUTS = {"json": "guided_json", "regex": "guided_regex", "choice": 
                       "json_object": "guided_json"}
 FINISH_REASONS = {"length": "length", "eos_token": "stop", "stop_sequence": "stop",
                   "stopped": "stop"}
-HTTP_STATUS = {
-    grpc.StatusCode.INVALID_ARGUMENT: 400,
-    grpc.StatusCode.NOT_FOUND: 404,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: 503,  # a full queue: 429 is TGI's alone
-    grpc.StatusCode.UNAVAILABLE: 503,
-    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
-    # The server refusing the gateway's own certificate: no fault of the client's.
-    grpc.StatusCode.UNAUTHENTICATED: 503,
-    grpc.StatusCode.PERMISSION_DENIED: 503,
-}
+HTTP_STATUS = KSERVE_HTTP_STATUS  # a full queue is 503 (429 is TGI's alone)
 ERROR_TYPES = {400: "invalid_request_error", 405: "invalid_request_error",
                413: "invalid_request_error", 415: "invalid_request_error",
                404: "not_found_error", 401: "authentication_error", 403: "permission_error",

@@ -11,7 +11,9 @@ Function tools (`tools` of `{"type": "function", "name", "description", "paramet
 `tool_choice`, `parallel_tool_calls`) work as on chat (openai_tools.py): the answer's calls are
 `function_call` output items (`call_id`, `name`, `arguments`) after its message (left out when
 it has no text), and `input` takes earlier calls (`function_call` items) and their results
-(`function_call_output` items, `call_id` and `output`). Nothing is stored, so the reply says
+(`function_call_output` items, `call_id` and `output`). With the server's reasoning parser,
+the model's thinking is a `reasoning` output item (its `reasoning_text` content) before the
+message, and its tokens count in `output_tokens_details.reasoning_tokens`. Nothing is stored, so the reply says
 `store: false`, and a `previous_response_id` is not found (404, as vLLM without its store);
 reasoning effort, other `include` values, background mode and `truncation: "auto"` are
 refused, naming them.
@@ -20,8 +22,10 @@ Streamed, the reply is OpenAI's events, each `event: <type>` with its JSON (`typ
 `sequence_number`): response.created, response.in_progress, response.output_item.added and
 response.content_part.added with the first text, response.output_text.delta for each piece of
 text, and per call response.output_item.added then response.function_call_arguments.delta for
-each piece of its arguments; at the end each item's done events (response.output_text.done and
-response.content_part.done, or response.function_call_arguments.done; then
+each piece of its arguments (reasoning: its item, then response.reasoning_text.delta events); at
+the end each item's done events (response.output_text.done and
+response.content_part.done, response.function_call_arguments.done or
+response.reasoning_text.done; then
 response.output_item.done) and response.completed. An error after the first event is an `error` event, which ends the stream.
 """
 
@@ -69,6 +73,8 @@ ECHOED_DEFAULTS: dict[str, object] = {"instructions": None, "metadata": {},
                                       "user": None, "tools": [], "tool_choice": "auto"}
 # Input items besides messages: an earlier answer's call, and the call's result.
 CALL_ITEMS = ("function_call", "function_call_output")
+# The keys of an answer's reasoning and message among its output items (its calls': indexes).
+REASONING, MESSAGE = "reasoning", "message"
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +88,7 @@ class ResponsesOptions:
     names: Mapping[str, str]
     id: str = field(default_factory=lambda: f"resp_{uuid.uuid4().hex}")
     message_id: str = field(default_factory=lambda: f"msg_{uuid.uuid4().hex}")
+    reasoning_id: str = field(default_factory=lambda: f"rs_{uuid.uuid4().hex}")
     created_at: int = field(default_factory=lambda: int(time.time()))
 
 
@@ -207,17 +214,29 @@ def reply(options: ResponsesOptions, generation: Generation) -> dict[str, object
 
 
 def output_items(options: ResponsesOptions, sequence: SequenceResult
-                 ) -> dict[int | None, dict[str, object]]:
-    """The answer's output items: its message (key None; left out when it has no text but
-    calls), then its calls by index."""
+                 ) -> dict[int | str, dict[str, object]]:
+    """The answer's output items: its reasoning (key REASONING, when the server's reasoning
+    parser found some), its message (key MESSAGE; left out when it has no text but calls),
+    then its calls by index."""
     status = "incomplete" if sequence.finish_reason == "length" else "completed"
-    items: dict[int | None, dict[str, object]] = {}
+    items: dict[int | str, dict[str, object]] = {}
+    reasoning = "".join(sequence.reasoning)
+    if reasoning:
+        items[REASONING] = _reasoning(options, reasoning)
     if sequence.generated_text or not sequence.tool_calls:
-        items[None] = _message(options, status, _text_part(options, sequence.generated_text,
-                                                           sequence.tokens))
+        items[MESSAGE] = _message(options, status, _text_part(options, sequence.generated_text,
+                                                              sequence.tokens))
     for index, call in sorted(sequence.tool_calls.items()):
         items[index] = _function_call(call.id, call.name, "".join(call.arguments), status)
     return items
+
+
+def _reasoning(options: ResponsesOptions, text: str | None) -> dict[str, object]:
+    """The reasoning output item, as vLLM answers it; text None: just added, without content
+    yet."""
+    return {"id": options.reasoning_id, "type": "reasoning", "summary": [],
+            "content": [] if text is None else [{"type": "reasoning_text", "text": text}],
+            "encrypted_content": None, "status": None}
 
 
 def _function_call(call_id: str, name: str, arguments: str, status: str) -> dict[str, object]:
@@ -262,7 +281,8 @@ def _usage(generation: Generation) -> dict[str, object]:
     return {"input_tokens": generation.prompt_tokens,
             "input_tokens_details": {"cached_tokens": generation.cached_tokens},
             "output_tokens": generation.completion_tokens,
-            "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens_details": {"reasoning_tokens": sum(
+                sequence.reasoning_tokens for sequence in generation.sequences.values())},
             "total_tokens": generation.prompt_tokens + generation.completion_tokens}
 
 
@@ -274,8 +294,8 @@ class ResponseEvents:
         self.options = options
         self.sequence_number = 0
         self.started = False
-        # The output index of each item opened: the message's (key None), each call's.
-        self.opened: dict[int | None, int] = {}
+        # The output index of each item opened, by its key (see output_items).
+        self.opened: dict[int | str, int] = {}
         self.call_item_ids: dict[int, str] = {}
 
     def add(self, response: sb.GenerateResponse) -> list[bytes]:
@@ -286,8 +306,16 @@ class ResponseEvents:
             in_progress = _response(self.options, [])
             events += [self._event("response.created", response=in_progress),
                        self._event("response.in_progress", response=in_progress)]
+        if response.reasoning_text:
+            if REASONING not in self.opened:
+                self.opened[REASONING] = len(self.opened)
+                events.append(self._event("response.output_item.added",
+                                          output_index=self.opened[REASONING],
+                                          item=_reasoning(self.options, None)))
+            events.append(self._event("response.reasoning_text.delta",
+                                      **self._where(REASONING), delta=response.reasoning_text))
         if response.text:
-            if None not in self.opened:
+            if MESSAGE not in self.opened:
                 events += self._open_message()
             events.append(self._event("response.output_text.delta", **self._where(),
                                       delta=response.text,
@@ -310,10 +338,14 @@ class ResponseEvents:
         """The closing events, with the whole answer."""
         [sequence] = generation.ordered()
         items = output_items(self.options, sequence)
-        events = self._open_message() if None in items and None not in self.opened else []
+        events = self._open_message() if MESSAGE in items and MESSAGE not in self.opened else []
         for key, index in sorted(self.opened.items(), key=lambda opened: opened[1]):
             item = items[key]
-            if key is None:
+            if key == REASONING:
+                [part] = item["content"]
+                events.append(self._event("response.reasoning_text.done",
+                                          **self._where(REASONING), text=part["text"]))
+            elif key == MESSAGE:
                 [part] = item["content"]
                 events += [self._event("response.output_text.done", **self._where(),
                                        text=part["text"], logprobs=part["logprobs"]),
@@ -337,15 +369,16 @@ class ResponseEvents:
                            param=error["param"])
 
     def _open_message(self) -> list[bytes]:
-        self.opened[None] = len(self.opened)
-        return [self._event("response.output_item.added", output_index=self.opened[None],
+        self.opened[MESSAGE] = len(self.opened)
+        return [self._event("response.output_item.added", output_index=self.opened[MESSAGE],
                             item=_message(self.options, "in_progress", None)),
                 self._event("response.content_part.added", **self._where(),
                             part=_text_part(self.options, "", []))]
 
-    def _where(self) -> dict[str, object]:
-        return {"item_id": self.options.message_id, "output_index": self.opened[None],
-                "content_index": 0}
+    def _where(self, key: str = MESSAGE) -> dict[str, object]:
+        return {"item_id": self.options.message_id if key == MESSAGE
+                else self.options.reasoning_id,
+                "output_index": self.opened[key], "content_index": 0}
 
     def _event(self, kind: str, **fields: object) -> bytes:
         event = sse_event({"type": kind, "sequence_number": self.sequence_number, **fields},

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from switchboard.gateway.errors import bad_request
+from switchboard.gateway.errors import KSERVE_HTTP_STATUS, bad_request
 from switchboard.gateway.protocols.exchange import Answer, Exchange, GenerationProtocol, ServedModel
 from switchboard.gateway.protocols.generation import (Generation, SequenceResult, add_output_format,
                                           generate_request, optional_bool, renamed)
@@ -53,17 +53,10 @@ NO_ADAPTER = (None, "None")
 FORMAT_PARAMETERS = frozenset({"grammar"})  # structured output (see add_output_format)
 PARAMETERS = (GENERATION_PARAMETERS | RENDERING_PARAMETERS | FORMAT_PARAMETERS
               | {"adapter_id"})
-HTTP_STATUS = {
-    grpc.StatusCode.INVALID_ARGUMENT: 422,
-    grpc.StatusCode.NOT_FOUND: 404,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
-    grpc.StatusCode.UNAVAILABLE: 503,
-    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
-    grpc.StatusCode.INTERNAL: 424,
-    # The server refusing the gateway's own certificate: no fault of the client's.
-    grpc.StatusCode.UNAUTHENTICATED: 503,
-    grpc.StatusCode.PERMISSION_DENIED: 503,
-}
+# A refused request is 422 (TGI's validation), a full queue 429, a failed generation 424.
+HTTP_STATUS = {**{code: 422 if status == 400 else status
+                  for code, status in KSERVE_HTTP_STATUS.items()},
+               grpc.StatusCode.RESOURCE_EXHAUSTED: 429, grpc.StatusCode.INTERNAL: 424}
 ERROR_TYPES = {400: "validation", 405: "validation", 413: "validation", 415: "validation",
                422: "validation",
                429: "overloaded", 424: "generation", 503: "healthcheck", 504: "timeout",

@@ -245,6 +245,17 @@ def test_text_without_calls_stays_content_and_thinking_reasoning(client) -> None
     assert reply.choices[0].finish_reason == "stop"
 
 
+def test_the_responses_api_answers_reasoning_as_its_own_item(client) -> None:
+    regex = "<think>[a-z]{3,8}</think>The weather is fine[.]"
+    response = client.responses.create(
+        model=MODEL, input=QUESTION["content"], temperature=0, max_output_tokens=MAX_TOKENS,
+        extra_body={"guided_regex": regex})
+    reasoning, message = response.output
+    assert reasoning.type == "reasoning" and reasoning.content[0].text.isalpha()
+    assert response.output_text == "The weather is fine."
+    assert response.usage.output_tokens_details.reasoning_tokens > 0
+
+
 def test_langchains_bind_tools_gets_tool_calls(service, client_files) -> None:
     http = httpx2.Client(verify=ssl_context(client_files), timeout=TIMEOUT_S)
     chat = ChatOpenAI(model=MODEL, base_url=service.url("business") + "/v1", api_key="unused",

@@ -291,3 +291,34 @@ def test_a_streamed_call_opens_its_item_then_streams_its_arguments() -> None:
     done = dict(stream)["response.function_call_arguments.done"]
     assert (done["output_index"], done["arguments"]) == (1, '{"city": "Paris"}')
     assert stream[-1][1]["response"] == responses.reply(options, generation)
+
+
+def test_reasoning_is_an_item_before_the_message_streamed_or_not() -> None:
+    _, options = responses.request_to_pb({"input": "x", "stream": True})
+    thought = generated("", tokens=1)
+    thought.reasoning_text, thought.reasoning_tokens = "Hmm.", 1
+    answer = generated("Paris.", "eos_token", tokens=2)
+    events = responses.ResponseEvents(options)
+    generation = Generation()
+    chunks = []
+    for response in (thought, answer):
+        generation.add(response)
+        chunks += events.add(response)
+    stream = parsed([*chunks, events.finish(generation)])
+    assert [name for name, _ in stream] == [
+        "response.created", "response.in_progress", "response.output_item.added",
+        "response.reasoning_text.delta", "response.output_item.added",
+        "response.content_part.added", "response.output_text.delta",
+        "response.reasoning_text.done", "response.output_item.done",
+        "response.output_text.done", "response.content_part.done", "response.output_item.done",
+        "response.completed"]
+    delta = dict(stream)["response.reasoning_text.delta"]
+    assert (delta["item_id"], delta["output_index"], delta["delta"]) == \
+        (options.reasoning_id, 0, "Hmm.")
+    final = stream[-1][1]["response"]
+    assert final == responses.reply(options, generation)
+    reasoning, message = final["output"]
+    assert (reasoning["type"], reasoning["content"]) == \
+        ("reasoning", [{"type": "reasoning_text", "text": "Hmm."}])
+    assert message["content"][0]["text"] == "Paris."
+    assert final["usage"]["output_tokens_details"] == {"reasoning_tokens": 1}
