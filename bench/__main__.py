@@ -424,7 +424,8 @@ def _device_name(device: torch.device) -> str:
 
 
 def _machine(load_at_start: tuple[float, float, float]) -> dict[str, object]:
-    return {"cpu_count": os.cpu_count(), "physical_cores": psutil.cpu_count(logical=False),
+    return {"processor": host_path.processor(), "cpu_count": os.cpu_count(),
+            "physical_cores": psutil.cpu_count(logical=False),
             "platform": platform.platform(), "python": platform.python_version(),
             "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
             "transformers": transformers.__version__,

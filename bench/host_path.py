@@ -241,10 +241,9 @@ def _write(out: Path, rows: Sequence[HostPathRow], levels: Sequence[int], durati
            load_at_start: tuple[float, float, float]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     stem = out / "host-path"
-    processor = _processor()
     details = {
         "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "processor": processor,
+        "processor": processor(),
         "cpu_count": os.cpu_count(),
         "duration_s": duration_s,
         # Other work on the machine slows every figure: its 1, 5 and 15 minute loads.
@@ -262,17 +261,22 @@ def _write(out: Path, rows: Sequence[HostPathRow], levels: Sequence[int], durati
     }
     stem.with_suffix(".json").write_text(json.dumps(details, indent=2) + "\n")
     stem.with_suffix(".md").write_text(
-        f"Host path, {details['timestamp']}, {processor}, load average at start "
+        f"Host path, {details['timestamp']}, {details['processor']}, load average at start "
         f"{load_at_start[0]:.1f}\n\n{text_table(rows)}\n")
     print(f"wrote {stem}.json and .md")
 
 
-def _processor() -> str:
-    """The CPU's model name (lscpu's), and whether it has AVX-512."""
+def processor() -> str:
+    """The CPU's model name (lscpu's), its family and model (which tell a generation apart
+    where the name does not: AMD's EPYC family 25 model 17 is a Zen 4), and whether it has
+    AVX-512."""
     cpuinfo = Path("/proc/cpuinfo")
     if not cpuinfo.exists():
         return platform.processor()
     text = cpuinfo.read_text()
-    name = next((line.split(":", 1)[1].strip() for line in text.splitlines()
-                 if line.startswith("model name")), platform.processor())
-    return f"{name}, {'AVX-512' if ' avx512f' in text else 'no AVX-512'}"
+    fields = dict(line.split(":", 1) for line in text.split("\n\n", 1)[0].splitlines()
+                  if ":" in line)
+    fields = {key.strip(): value.strip() for key, value in fields.items()}
+    return (f"{fields.get('model name', platform.processor())} (family "
+            f"{fields.get('cpu family', '?')}, model {fields.get('model', '?')}), "
+            f"{'AVX-512' if ' avx512f' in text else 'no AVX-512'}")
