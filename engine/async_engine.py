@@ -127,9 +127,9 @@ class AsyncEngine:
     async def load(cls, config: EngineConfig) -> AsyncEngine:
         """`from_config` in a thread of its own that exits once the engine is built. A thread
         that has run torch's parallel operations keeps an OpenMP thread team, and a second,
-        the engine thread's, on the same cores made each step slower: a one-row decode step
-        took 50 ms instead of 33 (2 cores) while the loading thread lived on, as the
-        default executor's threads do."""
+        the engine thread's, on the same cores made each step markedly slower while the loading
+        thread lived on, as the default executor's threads do
+        (docs/engine-measurements.md#threads)."""
         loader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="engine-load")
         try:
             return await asyncio.get_running_loop().run_in_executor(loader, cls.from_config,
@@ -156,8 +156,9 @@ class AsyncEngine:
             runner.prepare()
         speculate = config.num_speculative_tokens
         if speculate and graphs:
-            # Measured on an H100: verifying steps run eagerly, at 40 ms, against 3 ms for a
-            # replayed decode step; 3.8 tokens a step still came out 3.6x slower.
+            # Verifying steps run eagerly, so against replayed decode steps speculation came out
+            # slower even with several tokens a step accepted
+            # (docs/engine-measurements.md#cuda-graphs-and-speculation-on-the-h100).
             logger.warning("n-gram speculation is off: decode steps replay CUDA graphs, "
                            "which are faster (--enforce-eager runs every step eagerly)")
             speculate = 0

@@ -6,13 +6,11 @@ a padded [sequences, context] layout and attended with `scaled_dot_product_atten
 a causal-and-padding mask. Decoding sequences (one query each) and prefilling ones (a chunk
 of queries each) form separate groups, one SDPA call each: padding 64 one-token decodes to a
 64-token prefill chunk would multiply the work by 64. On a CPU decoding sequences are split
-further by context length (`split_by_context`): 64 float32 decodes of contexts from 40 to 260
-tokens spent 67 ms of a step in attention instead of 112 (SmolLM2, 2 Zen 3 cores). This
-pure-torch path runs on any device; on CUDA, SDPA picks its fused kernels, except cuDNN's in
-eager steps: it builds a plan for each new shape, and eager shapes rarely repeat (measured on
-an H100: prefills of new lengths took 90-160 ms with it, 40-55 ms without). The fixed
-shapes of the CUDA graphs that replay decode steps keep it: their plans are built once, at
-capture.
+further by context length (`split_by_context`), which shortens attention where contexts vary.
+This pure-torch path runs on any device; on CUDA, SDPA picks its fused kernels, except cuDNN's
+in eager steps: it builds a plan for each new shape, and eager shapes rarely repeat, so it
+slowed prefills of new lengths (docs/engine-measurements.md#attention). The fixed shapes of
+the CUDA graphs that replay decode steps keep it: their plans are built once, at capture.
 
 Layers with sliding-window attention (Mistral's, Qwen2's upper layers) attend to the last
 `sliding_window` positions only, as transformers' `kv > q - sliding_window`: their groups carry
@@ -36,8 +34,8 @@ if TYPE_CHECKING:
 
 EAGER_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 # What one more group of decoding sequences costs a layer, in the context slots that cost as
-# much to gather and attend (see `split_by_context`): some 70 us on 2 Zen 3 cores, where a
-# slot of SmolLM2's cost ~0.15-0.25 us (an estimate from timing whole groups).
+# much to gather and attend (see `split_by_context`), an estimate from timing whole groups
+# (docs/engine-measurements.md#attention).
 GROUP_COST_SLOTS = 512
 
 
@@ -120,7 +118,8 @@ class AttentionBatch:
     def build(cls, chunks: Sequence[SequenceChunk], block_size: int, device: torch.device,
               sliding_window: int | None = None) -> AttentionBatch:
         """The step's index tensors, with a few tensor operations for the whole batch and each
-        group rather than some for each sequence (64 decodes took 9.3 ms a step that way)."""
+        group rather than some for each sequence, whose cost would grow with the batch
+        (docs/engine-measurements.md#attention)."""
         q_lens = [len(chunk.token_ids) for chunk in chunks]
         starts = [chunk.start for chunk in chunks]
         firsts = list(itertools.accumulate(q_lens, initial=0))
@@ -227,7 +226,7 @@ def _attend(queries: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     batch, q_len, heads, head_dim = queries.shape
     if q_len == 1 and groups_queries:
         return _attend_grouped(queries, keys, values, mask).reshape(batch, heads * head_dim)
-    # Only CUDA has cuDNN's kernel to avoid; on a CPU the context would cost 12 µs a layer.
+    # Only CUDA has cuDNN's kernel to avoid; on a CPU the context would cost time every layer.
     restricts = not fixed_shape and queries.device.type == "cuda"
     with sdpa_kernel(EAGER_BACKENDS) if restricts else contextlib.nullcontext():
         out = F.scaled_dot_product_attention(queries.transpose(1, 2), keys, values,
@@ -240,8 +239,7 @@ def _attend_grouped(queries: torch.Tensor, keys: torch.Tensor, values: torch.Ten
     """One query per sequence, [B, 1, H, D]: the H // Hkv query heads that share a K/V head
     attend as that head's rows ([B, Hkv, H // Hkv, D]), one pass over each K/V head instead of
     one per query head. Used on a CPU where it was measured faster (see
-    `PagedRunner._measure_query_grouping`): SmolLM2 on 2 Zen 3 cores, steps of 16 float32
-    decodes took 2-4% less than with `enable_gqa`; one decode, the same."""
+    `PagedRunner._measure_query_grouping`; docs/engine-measurements.md#query-grouping)."""
     batch, _, heads, head_dim = queries.shape
     kv_heads = keys.shape[1]
     grouped = queries.reshape(batch, kv_heads, heads // kv_heads, head_dim)
@@ -250,6 +248,7 @@ def _attend_grouped(queries: torch.Tensor, keys: torch.Tensor, values: torch.Ten
 
 def _gather(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     """cache [slots, Hkv, D] at slots [B, L] → [B, Hkv, L, D]. index_select on the flat slots:
-    on CPU it copies rows 2-3x faster than advanced indexing with a 2-D index."""
+    on CPU it copies rows faster than advanced indexing with a 2-D index
+    (docs/engine-measurements.md#attention)."""
     rows = cache.index_select(0, slots.view(-1))
     return rows.view(*slots.shape, *cache.shape[1:]).transpose(1, 2)

@@ -45,7 +45,8 @@ class EngineConfig:
     gguf for a .gguf file on a CPU unless a dtype is asked for (the file served in its own
     quantization, as llama.cpp serves it), none for anything else.
     cache_dir: where a GGUF file's one-time conversion to a Hugging Face folder is kept
-    (parsing GGUF metadata takes ~20 s on a small CPU; the converted folder loads in ~1 s).
+    (parsing GGUF metadata is slow on a small CPU, the converted folder quick to load:
+    docs/engine-measurements.md#start-up-and-loading).
     max_batched_tokens: prompt tokens computed per engine step, besides one token for each
     decoding request: a long prompt is prefilled in chunks of this size while running streams
     keep decoding. 0 picks by device (see `step_token_budget`): small on CPU, where a step's
@@ -61,9 +62,10 @@ class EngineConfig:
     speculative_max_batch decoding requests, beyond which a step's extra rows cost more than
     its guesses save; 0 turns it off.
     num_threads: torch's intra-op threads for the engine's thread; 0 keeps torch's default
-    (every core). Measured here with the load generator on the same 2 cores, 2 threads gave
-    1.5x the batched throughput of 1; but a team as wide as the machine stalls at every op
-    while another busy process holds a core, so lower it where other work shares the CPUs.
+    (every core), which batched faster than one thread even with the load generator on the
+    same cores (docs/engine-measurements.md#threads); but a team as wide as the machine stalls
+    at every op while another busy process holds a core, so lower it where other work shares
+    the CPUs.
     chat_template (vLLM's --chat-template): a Jinja file replacing the model's chat template.
     tool_call_parser, enable_auto_tool_choice, reasoning_parser: vLLM's flags of those names
     (see `chat_output.py`): how the model writes tool calls and thinking, and whether a
@@ -116,10 +118,9 @@ class EngineConfig:
 
     def step_token_budget(self, device_type: str) -> int:
         """Prompt tokens per step. On a CPU a step's time grows with its tokens, so the chunk
-        trades throughput for smooth streams: with SmolLM2 on 2 cores, in float32 at 16
-        streams, chunks of 64, 128 and 256 tokens gave 1.01x, 1.13x and 1.22x transformers'
-        static batch, and an ITL p99 of 1.5x, 2.1x and 3.3x the TPOT p50 (`make bench`, one
-        hour); 128 also cut TTFT p50 at 64 streams from 7.4 to 2.1 s. Accelerators prefill big
+        trades throughput for smooth streams: bigger chunks gave more throughput and rougher
+        inter-token latency, and 128 also cut the time to first token at many streams
+        (docs/engine-measurements.md#scheduling-and-chunked-prefill). Accelerators prefill big
         chunks almost free."""
         if self.max_batched_tokens:
             return self.max_batched_tokens

@@ -1,9 +1,10 @@
 """Decode steps replayed from CUDA graphs.
 
 A decode step (one new token for each sequence) of a small model is bound by launching its
-kernels, not by running them: measured on an H100 with SmolLM2-135M, an eager step issues
-~1,100 kernels in 24 ms of host time for 2.5 ms of GPU work. A CUDA graph launches them all
-at once.
+kernels, not by running them: an eager step spends many times longer on the host issuing
+its kernels than the GPU spends running them
+(docs/engine-measurements.md#cuda-graphs-and-speculation-on-the-h100). A CUDA graph launches
+them all at once.
 
 A graph fixes its tensors' shapes and addresses, so steps are padded to a bucket: the batch
 to the next of `batch_buckets(...)`, each sequence's context to the next power of two (at
@@ -103,7 +104,7 @@ class DecodeGraphs:
 
     def capture_common(self) -> None:
         """Capture every batch bucket at the shortest context, so that serving does not pause
-        to capture them (about 0.1 s each)."""
+        to capture them (docs/engine-measurements.md#cuda-graphs-and-speculation-on-the-h100)."""
         shortest = context_bucket(1, self._max_context)
         for batch_size in self._batch_buckets:
             self._step(batch_size, shortest)

@@ -1,8 +1,8 @@
 """Returning the heap memory a model load freed to the operating system.
 
 glibc keeps freed heap memory for reuse rather than returning it, and loading leaves much of
-it behind: weights are fused, quantized and repacked through transient copies. Measured with
-SmolLM2 under `--quantization int4`, about 145 MB of them stayed resident after the load.
+it behind: weights are fused, quantized and repacked through transient copies, whose freed
+heap would otherwise stay resident (docs/engine-measurements.md#host-memory).
 """
 
 from __future__ import annotations

@@ -32,8 +32,9 @@ logger = logging.getLogger(__name__)
 
 INVALID = 3  # exit status: the pattern cannot be followed, the reason on stdout
 OUT_OF_MEMORY = 4  # exit status: Python ran out of memory (outlines-core aborts instead)
-# Below the engine's thread, which gets ~90% of a core they share; not the lowest, which
-# a busy engine would starve.
+# Below the engine's thread, which then keeps most of a core they share
+# (docs/engine-measurements.md#structured-output); not the lowest, which a busy engine would
+# starve.
 COMPILE_PRIORITY = 10
 
 

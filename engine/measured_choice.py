@@ -1,22 +1,20 @@
 """Choices between two ways of computing the same product whose speeds depend on the
-processor, by up to 3x either way, measured once at load for a few numbers of rows.
+processor, by much either way, measured once at load for a few numbers of rows.
 
-Measured over SmolLM2's weights on 2 cores: the form (W @ xᵀ)ᵀ beat nn.Linear's x @ Wᵀ by
-2.3x with 4 rows on an AMD Zen 3 (AVX2) and lost by 3x with 1 row on an Intel Xeon with
-AVX-512; PyTorch's int4 kernel fell behind dequantised float32 matmul from about 12 rows on
-the first, and behind a bf16 copy (AMX) between 8 and 16 rows on the second (a step of 5 to 8
-rows, as verifying speculated tokens gives, took 32 ms on the copy and 28 with the int4
-kernel, before 8 was probed).
+The form (W @ xᵀ)ᵀ beats nn.Linear's x @ Wᵀ at some numbers of rows on some processors and
+loses on others; PyTorch's int4 kernel falls behind dequantised float32 matmul, or a bf16
+copy, from a number of rows that differs by processor
+(docs/engine-measurements.md#cpu-matmul-layouts, docs/engine-measurements.md#quantization).
 
 Products are timed over many layers' weights, as a step reads them: timed on one weight kept
-hot in cache, that bf16 copy seemed to win from 4 rows, where from memory it lost by 2x.
+hot in cache, a bf16 copy seemed to win at rows where, read from memory, it lost
+(docs/engine-measurements.md#how-choices-are-timed).
 
 A float32 weight can also be laid out once for a packed GEMM, instead of at every product as
-MKL's plain GEMM does, by MKL (`MklPacked`) or by oneDNN (`OneDnnPacked`): on the Xeon, MKL's
-took SmolLM2's layers 26-28% less time from 4 to 64 rows and as long at 1 or 2; on the AMD
-Zen 3, MKL's lost and oneDNN's won (a one-row step 6% faster, a 16-row one 9%, mostly in the
-gate/up projections and the LM head). The plain and a packed form cannot both be kept (the
-weights would take twice the memory), so that choice is made once for all rows
+MKL's plain GEMM does, by MKL (`MklPacked`) or by oneDNN (`OneDnnPacked`): which of them
+wins, if either, depends on the processor
+(docs/engine-measurements.md#packed-float32-weights). The plain and a packed form cannot both
+be kept (the weights would take twice the memory), so that choice is made once for all rows
 (`fastest_overall`).
 
 Every choice is made from the times a `Best` gives: by default this start's own, or the best
@@ -42,18 +40,19 @@ REPEATS = 5
 # `fastest_overall` times each product in two turns of a warm-up run and this many: as many
 # runs in all as one turn of REPEATS.
 REPEATS_PER_TURN = 2
-# The rows oneDNN lays a bf16 weight out for; measured within 5% of the best at 1 to 64 rows.
+# The rows oneDNN lays a bf16 weight out for; measured near the best from 1 to 64 rows
+# (docs/engine-measurements.md#packed-float32-weights).
 BF16_BATCH_HINT = 16
 # The rows MKL and oneDNN lay a float32 weight out for (they compute any number of rows from
-# it): MKL's on the Xeon the best of 8 to 128 at 64 rows and beyond, and within 2% of the best
-# below; oneDNN's on the Zen 3 within 3% of 16's and 1's at 1 to 64 rows.
+# it): for each, measured the best or near it at every number of rows probed
+# (docs/engine-measurements.md#packed-float32-weights).
 FP32_BATCH_HINT = 64
 # The most rows one oneDNN product is given (see `OneDnnPacked`).
 ONEDNN_MAX_ROWS = 256
 # The products oneDNN (and ideep, PyTorch's layer over it) keep ready, each for one weight shape
-# and number of rows, each with its own scratch memory: ~1.2 MB for SmolLM2's projections.
-# Their default, 1024 each, let a server under varied load grow by 410 MB at 64 streams (float32,
-# oneDNN-packed); 32 kept 70 MB of it, as fast (a product made anew costs ~1 ms).
+# and number of rows, each with its own scratch memory. Their default, 1024 each, let a server
+# under varied load grow; 32 kept most of that back, as fast, since a product made anew is
+# cheap (docs/engine-measurements.md#onednns-caches).
 ONEDNN_CACHED_PRODUCTS = 32
 
 Product = Callable[[torch.Tensor], torch.Tensor]
@@ -137,10 +136,9 @@ def fastest_overall(makers: Sequence[Callable[[], Product]], in_features: int,
     Each product is made, timed over all rows and dropped before the next is made (one held
     at a time), in two passes, the second in reverse order, its best time of both kept at
     each number of rows: a spell of load on the machine while one product is timed then
-    decides nothing unless it spans both of its turns. Timed once each, the layout of
-    SmolLM2's float32 weights, which oneDNN's packed form wins by ~11% overall on the Zen 3
-    (12.1 ms against 13.5, the geometric mean), came out unpacked in a bench run under load,
-    with which 16-row steps take ~10% longer."""
+    decides nothing unless it spans both of its turns. Timed once each, a layout that wins
+    overall on a quiet machine came out the loser in a bench run under load
+    (docs/engine-measurements.md#how-choices-are-timed)."""
     inputs = [torch.randn(rows, in_features) for rows in PROBE_ROWS]
 
     def measure() -> Times:
@@ -170,8 +168,8 @@ def times_in_turns(arrangements: Sequence[Callable[[], object]],
                    rounds: int) -> Times:
     """The times of `product` over `inputs` under each arrangement, each the best of `rounds`
     after one to warm up. The arrangements take turns round by round, so a spell of load on
-    the machine slows them alike (timed one after another, whole steps of a model differed by
-    10% from one run to the next)."""
+    the machine slows them alike (timed one after another, whole steps of a model differed from
+    one run to the next: docs/engine-measurements.md#how-choices-are-timed)."""
     fastest = [[math.inf] * len(inputs) for _ in arrangements]
     for round_ in range(rounds + 1):
         for times, arrange in zip(fastest, arrangements):
@@ -201,9 +199,9 @@ def one_after_another(products: Sequence[Product]) -> Product:
 
 def transposed_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x @ weightᵀ computed as (weight @ xᵀ)ᵀ. A lone row is one product per thread, each over
-    its slice of the weight's rows. Over SmolLM2's layers on the Zen 3's two cores, they took
-    15-16 ms; the matrix-vector product, 29 ms (on one thread: as long with one as with two);
-    the row doubled into two, 21-23 ms; nn.Linear's x @ Wᵀ, 28-29 ms."""
+    its slice of the weight's rows: faster than the matrix-vector product (which runs on one
+    thread), than the row doubled into two, and than nn.Linear's x @ Wᵀ
+    (docs/engine-measurements.md#cpu-matmul-layouts)."""
     rows = x.shape[0]
     slices = torch.get_num_threads()
     if rows == 1 and weight.shape[0] % slices == 0:
@@ -242,8 +240,8 @@ def onednn_multiplies_bf16() -> bool:
 
 def bf16_is_faster(weight: torch.Tensor, store: TimingStore = TimingStore(None)) -> bool:
     """Whether this CPU multiplies 64 rows by a oneDNN-prepacked bf16 copy of `weight`
-    [out, in] faster than in fp32: 4-5x faster with AMX, 5x slower without bf16 units, and not
-    at all without oneDNN's bf16 support."""
+    [out, in] faster than in fp32: much faster with AMX, much slower without bf16 units, and
+    not at all without oneDNN's bf16 support (docs/engine-measurements.md#quantization)."""
     if not onednn_multiplies_bf16():
         return False
     packed = prepack_bf16(weight)
@@ -295,10 +293,10 @@ class OneDnnPacked:
     unpacked weight is not kept).
 
     oneDNN keeps state for each number of rows it has multiplied (see `limit_onednn_caches`),
-    and more for more rows: from about 360 rows, some 5 MB for every new number (over SmolLM2's
-    30 gate/up projections), which a server would see as memory growing with each new prompt
-    length. More rows than ONEDNN_MAX_ROWS are multiplied that many at a time (prompt chunks
-    of 512 rows and more took 6-15% longer than MKL's plain GEMM on the Zen 3 either way)."""
+    and more for more rows, which past a few hundred rows a server would see as memory growing
+    with each new prompt length (docs/engine-measurements.md#onednns-caches). More rows than
+    ONEDNN_MAX_ROWS are multiplied that many at a time (long prompt chunks were slower than
+    with MKL's plain GEMM either way: docs/engine-measurements.md#packed-float32-weights)."""
 
     def __init__(self, weight: torch.Tensor) -> None:
         self._packed = torch.ops.mkldnn._reorder_linear_weight(weight, FP32_BATCH_HINT)

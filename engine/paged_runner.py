@@ -8,9 +8,10 @@ attention is one call per layer for the whole batch (see `attention.py`).
 On a CPU, a float32 projection is computed as nn.Linear's x @ Wᵀ or as (W @ xᵀ)ᵀ, whichever
 was faster for its number of rows when the model was loaded, or, where that was faster
 overall, from a copy of the weight laid out once for MKL's or oneDNN's packed GEMM, which then
-replaces it (see `measured_choice.py`). That goes for the LM head too, whose plain GEMM took
-twice as long for 9 to 15 rows as for 16 on the Xeon (a packed one, 7 ms throughout); a tied
-model then looks tokens up in a copy of its own, since a packed layout cannot be indexed.
+replaces it (see `measured_choice.py`). That goes for the LM head too, whose plain GEMM is
+slow at some numbers of rows where a packed one is not
+(docs/engine-measurements.md#packed-float32-weights); a tied model then looks tokens up in a
+copy of its own, since a packed layout cannot be indexed.
 Packed, the Q/K/V, output and down projections keep an unpacked copy as well, for steps of so
 few rows that a whole step was faster with it (timed at the warm-up, see `_measure_few_rows`).
 
@@ -151,8 +152,8 @@ class RMSNorm:
 
     On a CPU, F.rms_norm runs as about seven ops too, while F.layer_norm is one kernel: x's root
     mean square is the standard deviation of (x, −x), whose mean is 0, so a float32 norm is
-    layer_norm over (x, −x) with the weight (w, 0), cut to x's half (a one-row SmolLM2 step
-    took 0.85 ms less, 2.6%)."""
+    layer_norm over (x, −x) with the weight (w, 0), cut to x's half, which shortens even a
+    one-row step (docs/engine-measurements.md#rmsnorm-on-a-cpu)."""
 
     def __init__(self, module: nn.Module) -> None:
         # A copy: no view into the loaded checkpoint's mapped file may outlive the model.
@@ -204,8 +205,7 @@ class PagedRunner:
         timings: where the load-time measurements keep their best times across restarts.
         dense_copy (quantized; see `dense_copy_for`): the copies of their weights projections
         keep for many rows; with them the KV cache and attention are in bf16, which halves the
-        bytes attention reads (64 int4 decodes on the Zen 3: attention took 69 ms of a step
-        instead of 123)."""
+        bytes attention reads, and so shortens it (docs/engine-measurements.md#attention)."""
         architecture = (model.config.architectures or [type(model).__name__])[0]
         if architecture not in SUPPORTED_ARCHITECTURES:
             raise UnsupportedModel(f"{architecture} is not supported; supported architectures: "
@@ -234,8 +234,9 @@ class PagedRunner:
         self._measures_dense = measures and quantization.is_quantized
         self._quantized: list[QuantizedProjection] = []
         # On a CPU the loader maps the checkpoint's file, and while any view of it lived the
-        # whole mapping stayed resident (538 MB for SmolLM2 in float32), fused or packed
-        # weights besides: unquantized, the runner keeps copies only, as quantized it does.
+        # whole mapping stayed resident, fused or packed weights besides
+        # (docs/engine-measurements.md#host-memory): unquantized, the runner keeps copies
+        # only, as quantized it does.
         self._keeps_copies = device.type == "cpu" and not quantization.is_quantized
         head = self._project(None, {"output": model.lm_head})
         self._embed = self._embedding(model, head)
@@ -273,9 +274,9 @@ class PagedRunner:
 
     def warm_up(self) -> None:
         """`prepare`, then run one token through the model, so the first request does not
-        pay for the first step's setup: on a 2-core CPU, SmolLM2's first request waited 1.0 s
-        for the pool's allocation and 0.45 s more for the first forward's. The token's K/V go
-        to the first slot of block 0, which holds nothing yet."""
+        wait for the pool's allocation and the first forward's setup
+        (docs/engine-measurements.md#start-up-and-loading). The token's K/V go to the first
+        slot of block 0, which holds nothing yet."""
         self.prepare()
         self.execute([SequenceChunk("warm-up", [0], 0, [0], samples=True)])
 
@@ -291,9 +292,9 @@ class PagedRunner:
         Done at the warm-up (or the first step) rather than at construction: by then the
         loader's model is gone, and on a CPU with it the mapped checkpoint (the runner keeps
         its own copies or quantized forms), so these take its place in memory instead of
-        adding to it, and so does the heap memory the load freed (see `host_memory.py`).
-        SmolLM2's int4 server peaked at 1.58 GiB while loading with its fp16 copies made at
-        construction, at 1.12 without them."""
+        adding to it, and so does the heap memory the load freed (see `host_memory.py`): made
+        at construction, the copies raised the load's peak
+        (docs/engine-measurements.md#host-memory)."""
         gc.collect()
         if self._device.type == "cpu":
             self._measure_query_grouping()
@@ -303,7 +304,7 @@ class PagedRunner:
             for projection in self._quantized:
                 projection.add_copy(self._dense_copy)
         # After the copies, which reuse the heap the load freed: each went through transient
-        # ones (untrimmed, 0.23 GB more than SmolLM2's 0.27 GB of fp16 copies stayed).
+        # ones, whose heap glibc would keep (docs/engine-measurements.md#host-memory).
         release_free_heap()
         if self._measures_dense:
             self._measure_dense()
@@ -360,7 +361,7 @@ class PagedRunner:
             for name in names:
                 delattr(module, name)
         # The heap the layer's transient copies took goes back now, not after the last layer:
-        # glibc kept it, and SmolLM2's int4 load peaked at 1.54 GiB instead of 1.19.
+        # glibc kept it, which raised the load's peak (docs/engine-measurements.md#host-memory).
         release_free_heap()
         return fused, few_rows
 
@@ -410,12 +411,12 @@ class PagedRunner:
         unpacked copies are dropped.
 
         Timed alone, over many layers, each packed projection was the faster at most numbers
-        of rows; yet in SmolLM2's steps on the Zen 3, with these three unpacked, a lone row
-        took 30.9 ms instead of 32.8 (see `transposed_product`) and 4 rows 39.5 instead of
-        41.7, while from 8 rows the packed ones won. Their copies take 212 MB (the server's
-        peak RSS at 64 streams went from 1.57-1.63 GiB to 1.84). With the gate/up projections
-        unpacked too, a lone row took 28.7 ms, but that would be 212 MB more, past 2 GiB; with
-        only those three, and no packed copies of them, 16 rows took 3% longer."""
+        of rows; yet on some processors whole steps of a few rows ran faster with these three
+        unpacked (see `transposed_product`), while at more rows the packed ones won. Their
+        copies raise the server's peak memory: the gate/up projections unpacked too would make
+        a lone row faster still, but take it past 2 GiB; and these three unpacked without
+        packed copies made steps of many rows slower
+        (docs/engine-measurements.md#packed-float32-weights)."""
         probes = self._probe_batches(FEW_ROW_PROBES)
         self._few_rows = MeasuredChoice().measure_in_turns(
             partial(setattr, self, "_few_rows", MeasuredChoice.first_always()),
@@ -432,11 +433,9 @@ class PagedRunner:
     def _measure_query_grouping(self) -> None:
         """Whether decoding sequences attend grouped (see `attention._attend_grouped`) rather
         than through SDPA's `enable_gqa`: whichever was faster over GROUPING_PROBES, timed as
-        a step's layers attend, before the pool is allocated. Measured by processor and KV
-        dtype, 64 int4 decodes at ~120 tokens (bf16 KV): on an AMD Zen 5 (AVX-512 with bf16)
-        grouped took a step of 62 ms against 139, one decode 7.4 ms against 8.2; on an
-        Intel Xeon with AMX, it lost (93 ms against 89); on an AMD Zen 3 (AVX2, no bf16
-        arithmetic) it won 5x on attention (1.9 ms a layer against 9.7)."""
+        a step's layers attend, before the pool is allocated: which wins depends on the
+        processor and the KV cache's dtype, by far on some and narrowly the other way on others
+        (docs/engine-measurements.md#query-grouping)."""
         probes = self._probe_batches(GROUPING_PROBES)
 
         def attend(probe: tuple[AttentionBatch, torch.Tensor, torch.Tensor]) -> None:
@@ -540,8 +539,8 @@ class PagedRunner:
     def _forward(self, batch: AttentionBatch) -> torch.Tensor:
         """The logits at batch.sample_index, on the device, without host synchronisation."""
         # The residual stream is float32 whatever the weights: against a float32 model's
-        # logits, a bfloat16 model's mean error halved (0.17 to 0.09 on a chat prompt, CPU
-        # and H100 alike; transformers' bfloat16 stream: 0.17-0.20), at no measured cost.
+        # logits, a bfloat16 model's came much closer than with a bfloat16 stream, at no
+        # measured cost (docs/engine-measurements.md#the-float32-residual-stream).
         hidden = self._embed(batch.token_ids).float()
         cos, sin = self._rotary(hidden, batch.positions.unsqueeze(0))
         attention_dtype = self._cache_dtype

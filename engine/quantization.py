@@ -10,14 +10,12 @@ faster on this CPU when the model was loaded (see `measured_choice.py`):
   reading the weight dominates (few rows);
 - a dense matmul, which wins where arithmetic dominates and those kernels fall behind, from
   a copy of the dequantised weight kept beside the packed one (`dense_copy_for`): in bf16 for
-  oneDNN on a CPU that multiplies bf16 faster than fp32 (AMX: 4-5x at 64 rows on an Intel
-  Xeon; from ~8 rows there); elsewhere in fp16 for FBGEMM, whose GEMM widens it to fp32 as it
-  multiplies, so it reads half the bytes of fp32 at fp32's arithmetic speed (on an AMD Zen 3
-  with AVX2, a 64-row int4 step's gate/up projections took 40 ms from fp16 copies, 67 from
-  weights dequantised to fp32 at each product, 50 in float32 from oneDNN's packed layout; one
-  row about as long as the int4 kernel). Without FBGEMM the weight is dequantised to fp32 at
-  each product, a slice of output channels at a time, into a small reusable buffer, which
-  costs no memory.
+  oneDNN on a CPU that multiplies bf16 faster than fp32 (AMX); elsewhere in fp16 for FBGEMM,
+  whose GEMM widens it to fp32 as it multiplies, so it reads half the bytes of fp32 at fp32's
+  arithmetic speed, which at many rows beat both dequantising at each product and float32
+  laid out for oneDNN (docs/engine-measurements.md#quantization). Without FBGEMM the weight is
+  dequantised to fp32 at each product, a slice of output channels at a time, into a small
+  reusable buffer, which costs no memory.
 
 Scales and zero points are kept in float32 as derived: the dense forms compute from them (a
 copy rounds each weight once: to bf16's 8 significant bits, or fp16's 11), and only PyTorch's
@@ -50,7 +48,8 @@ INT4_GROUP_SIZE = 32
 # Output channels dequantised at a time: small enough for the buffer to stay in cache.
 DEQUANTIZE_CHANNELS = 2048
 # Rows multiplied by a bf16 copy are padded to a multiple of this: oneDNN keeps state for
-# each number of rows it has seen, which grew the server by ~3 GB over 1 to 256 rows.
+# each number of rows it has seen, which grew the server with every new number
+# (docs/engine-measurements.md#onednns-caches).
 BF16_ROWS_MULTIPLE = 16
 # Tokens per row whose logits a quantized LM head recomputes in float32 (see RefinedHead).
 REFINED_CANDIDATES = 8
@@ -210,8 +209,8 @@ class QuantizedProjection:
 
     def drop_packed(self) -> None:
         """Drop what only `packed_mm` reads, once the copy has been measured faster at every
-        number of rows (int4 SmolLM2 on the Zen 3: 64 MB). The codes stay where a lookup
-        reads them."""
+        number of rows, to free its memory (docs/engine-measurements.md#quantization). The
+        codes stay where a lookup reads them."""
         if self._copy is None:
             raise ValueError("a projection without a copy needs its packed form")
         if self._bits == 4:
@@ -272,9 +271,9 @@ class RefinedHead:
     bf16: a logit near 25 comes back as a multiple of 0.125, so rounding decides near ties.
     Each row's REFINED_CANDIDATES highest logits are recomputed from the float32 hidden state
     and the head's dequantised rows, so the argmax, and the tokens sampling mostly picks, are
-    the quantized model's own (measured with SmolLM2, the bf16 logits near a row's top erred
-    by at most 2.2 bf16 ulps). It costs about 0.2 ms a step for one row, 2 ms for 64: the
-    top-k selection, some 30 us a row."""
+    the quantized model's own (the bf16 logits near a row's top err by a few bf16 ulps). It
+    costs a small part of a step, mostly the top-k selection
+    (docs/engine-measurements.md#quantization)."""
 
     def __init__(self, head: QuantizedProjection) -> None:
         self._head = head
@@ -305,8 +304,9 @@ class QuantizationPlan:
     GGUF roles (`attn_q`, `ffn_down`, …; `output` is the LM head) and layer index.
 
     int4 keeps the LM head (for a tied model, the embedding too) at int8, as 4-bit GGUF files
-    keep theirs at 8 bits or more: at 4 bits the head alone drops the teacher-forced top-1
-    agreement with float32 from ~97% to ~84% (tests/integration/test_quantized_model.py).
+    keep theirs at 8 bits or more: at 4 bits the head alone costs much of the teacher-forced
+    top-1 agreement with float32 (docs/engine-measurements.md#quantization,
+    tests/integration/test_quantized_model.py).
 
     gguf_bits: for the gguf scheme, the bits of each of the file's matrices by GGUF tensor
     name (`blk.3.attn_q`, `output`, `token_embd`)."""

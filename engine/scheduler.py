@@ -7,8 +7,8 @@ of waiting requests, highest priority first) share a per-step budget, so chunked
 falls out of the arithmetic, a long prompt never stalls decoding streams, and decoding
 streams never keep new requests from starting. While no request decodes, the budget stretches
 to the first prompt in line, up to max_prefill_tokens: there is no stream to keep flowing,
-and every chunk reads all the weights again (a 100-token prompt took 129 ms as one step of
-SmolLM2 in float32 on a 2-core CPU, 180 ms as chunks of 64 and 36).
+and every chunk reads all the weights again, so one step is quicker than chunks
+(docs/engine-measurements.md#scheduling-and-chunked-prefill).
 With n-gram speculation on, a decoding request of a small enough batch also computes the
 tokens `propose_ngram` guesses will follow its newest one, for the engine to verify.
 When the KV pool runs out, the lowest-priority, latest request is preempted: its blocks

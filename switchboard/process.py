@@ -23,7 +23,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 READY_FD_FLAG = "--ready-fd"
-# The first start on a fresh machine converts the GGUF model once (~30 s on 2 cores).
+# The first start on a fresh machine converts the GGUF model once, which takes a while on a
+# small CPU (docs/engine-measurements.md#start-up-and-loading).
 START_TIMEOUT_S = 600
 STOP_TIMEOUT_S = 30
 LOG_LINES_KEPT = 400
