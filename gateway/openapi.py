@@ -239,10 +239,10 @@ TOOL_CHOICE_MODES: JSON = {"type": "string", "enum": ["none", "auto", "required"
 # Chat's tools nest the function; the Responses API's are the function.
 TOOL = obj({"type": only("function", STRING), "function": obj(FUNCTION, ["name"])},
            ["type", "function"])
+# A named choice without its type is TGI's.
 TOOL_CHOICE = {"oneOf": [TOOL_CHOICE_MODES,
                          obj({"type": only("function", STRING),
-                              "function": obj({"name": TEXT}, ["name"])},
-                             ["type", "function"])]}
+                              "function": obj({"name": TEXT}, ["name"])}, ["function"])]}
 RESPONSES_TOOL = obj({"type": only("function", STRING), **FUNCTION}, ["type", "name"])
 RESPONSES_TOOL_CHOICE = {"oneOf": [TOOL_CHOICE_MODES,
                                    obj({"type": only("function", STRING), "name": TEXT},

@@ -31,7 +31,9 @@ def add_tools(document: Mapping[str, object], messages: sb.ChatMessages,
               nested: bool = True) -> None:
     """The request's tools, tool_choice and parallel_tool_calls onto `messages`. Chat's
     functions are `nested` in their tool (`{"type": "function", "function": {"name"}}`), the
-    Responses API's are the tool itself (`{"type": "function", "name"}`)."""
+    Responses API's are the tool itself (`{"type": "function", "name"}`). A named choice may
+    leave its type out, as TGI's Messages API (and its client, huggingface_hub) sends it:
+    `{"function": {"name"}}`."""
     tools = document.get("tools")
     if tools is not None and not isinstance(tools, list):
         raise bad_request("tools", f"must be an array of tools; got {json_type(tools)}")
@@ -45,7 +47,8 @@ def add_tools(document: Mapping[str, object], messages: sb.ChatMessages,
     elif isinstance(choice, dict):
         function = require_object(choice.get("function"), "tool_choice.function") if nested \
             else choice
-        if choice.get("type") != "function" or not isinstance(function.get("name"), str):
+        if choice.get("type", "function") != "function" \
+                or not isinstance(function.get("name"), str):
             raise bad_request("tool_choice", f"must be {named}")
         messages.tool_choice = sb.TOOL_CHOICE_NAMED
         messages.tool_choice_name = function["name"]

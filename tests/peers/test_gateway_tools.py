@@ -14,11 +14,14 @@ import json
 from collections.abc import Iterator
 
 import httpx2
+import huggingface_hub
 import jsonschema
 import openai
 import pytest
 from conftest import own_service
 from gateway_clients import MODEL, ssl_context
+from huggingface_hub import InferenceClient
+from huggingface_hub.utils._http import default_client_factory
 from langchain_openai import ChatOpenAI
 
 QUESTION = {"role": "user", "content": "What is the weather in Paris?"}
@@ -254,6 +257,22 @@ def test_the_responses_api_answers_reasoning_as_its_own_item(client) -> None:
     assert reasoning.type == "reasoning" and reasoning.content[0].text.isalpha()
     assert response.output_text == "The weather is fine."
     assert response.usage.output_tokens_details.reasoning_tokens > 0
+
+
+def test_tgis_client_calls_a_named_tool_on_tgis_messages_api(service, client_files) -> None:
+    """huggingface_hub's InferenceClient, TGI's client, names a tool as TGI's Messages API
+    does: `{"function": {"name"}}`, without a type."""
+    context = ssl_context(client_files)
+    huggingface_hub.set_client_factory(lambda: httpx2.Client(verify=context, timeout=TIMEOUT_S))
+    try:
+        reply = InferenceClient(base_url=service.url("business")).chat_completion(
+            [QUESTION], tools=[WEATHER], tool_choice={"function": {"name": "get_weather"}},
+            temperature=0, max_tokens=MAX_TOKENS)
+    finally:
+        huggingface_hub.set_client_factory(default_client_factory)
+    [call] = reply.choices[0].message.tool_calls
+    assert call.function.name == "get_weather" and reply.choices[0].finish_reason == "tool_calls"
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER_PARAMETERS)
 
 
 def test_langchains_bind_tools_gets_tool_calls(service, client_files) -> None:

@@ -51,8 +51,15 @@ def test_each_tool_choice_travels_and_auto_without_tools_is_not_refused(choice, 
     assert chat_messages(tool_choice=choice).tool_choice == mode
 
 
+def test_a_named_choice_without_its_type_is_tgis_and_names_the_tool() -> None:
+    messages = chat_messages(tool_choice={"function": {"name": "get_weather"}})
+    assert (messages.tool_choice, messages.tool_choice_name) == (sb.TOOL_CHOICE_NAMED,
+                                                                 "get_weather")
+
+
 @pytest.mark.parametrize("fields, field", [
     ({"tools": {"name": "f"}}, "tools"),
+    ({"tool_choice": {"type": "tool", "function": {"name": "f"}}}, "tool_choice"),
     ({"tools": [{"type": "retrieval"}]}, "tools[0].type"),
     ({"tool_choice": {"type": "function", "function": {}}}, "tool_choice"),
     ({"messages": [USER, {"role": "assistant", "tool_calls": [{"id": 1, "function": {
