@@ -73,17 +73,13 @@ INT_RANGES: dict[str, Interval] = {
     "n": Interval(1, MAX_SEQUENCES),  # and at most the configured maxBestOf (limits)
     "best_of": Interval(1, MAX_SEQUENCES),
     "truncate": Interval(1, INT32_MAX),
-    "batch_size": Interval(1, INT32_MAX),  # MindIE's; checked, without effect (below)
 }
 # MindIE's documented seed range: its protocols refuse 0.
 MINDIE_SEED_RANGE = Interval(1, UINT64_MAX)
 # OpenAI's range for a token's logit bias.
 LOGIT_BIAS_RANGE = Interval(-100.0, 100.0)
-# MindIE's details and perf_stat, and MindIE's and TGI's watermark (MindIE's parameter table:
-# not applied by its post-processing, and MindIE answers a request that asks for it) are
-# checked, without effect on generation.
-BOOL_PARAMS = ("do_sample", "watermark", "ignore_eos", "logprobs", "prompt_logprobs",
-               "include_stop_str_in_output", "skip_special_tokens", "details", "perf_stat")
+BOOL_PARAMS = ("do_sample", "ignore_eos", "logprobs", "prompt_logprobs",
+               "include_stop_str_in_output", "skip_special_tokens")
 # Present with one of these, and without do_sample, the request samples (MindIE: do_sample
 # "absent → decided by the other parameters").
 SAMPLING_HINTS = ("temperature", "top_k", "top_p", "typical_p", "min_p")

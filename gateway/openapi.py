@@ -162,7 +162,7 @@ PARAMETERS: dict[str, JSON] = {
     "guided_choice": array(TEXT, minItems=1),
     "priority": integer(1, 5),
     "timeout": number(0, MAX_TIMEOUT_S, low_open=True), "watermark": IGNORED_WATERMARK,
-    "details": BOOLEAN, "perf_stat": BOOLEAN, "batch_size": integer(1, INT32_MAX),
+    "details": BOOLEAN, "perf_stat": BOOLEAN, "batch_size": integer(1),
 }
 # KServe's generate extension (the Open Inference Protocol's generate_rest.yaml) on Triton's
 # /generate routes, beside MindIE's names: a temperature or top_p of 0 is greedy.

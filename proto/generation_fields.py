@@ -25,6 +25,11 @@ FIELDS: dict[str, tuple[str, FieldDescriptor]] = {
     for field in sb.GenerateRequest.DESCRIPTOR.fields_by_name[part].message_type.fields}
 NAMES = frozenset(FIELDS)
 SCHEMA_FIELDS = frozenset({"guided_json"})
+# What MindIE's interfaces (its native routes, its Triton ones) accept without effect on
+# generation: `details` and `perf_stat` shape the reply, `watermark` is not applied by its
+# post-processing (MindIE answers a request that asks for it), `batch_size` is the server's.
+MINDIE_IGNORED_FLAGS = ("details", "perf_stat", "watermark")
+MINDIE_IGNORED_COUNT = "batch_size"
 
 
 class FieldError(ValueError):
@@ -51,6 +56,26 @@ def fill(request: sb.GenerateRequest, values: Mapping[str, object]) -> None:
             raise FieldError(name, f"cannot be combined with {chosen}: a request follows one "
                              "pattern")
         _set(message, field, name, value)
+
+
+def without_mindie_ignored(values: Mapping[str, object]) -> dict[str, object]:
+    """`values` less what MindIE accepts without effect, which must still be well formed."""
+    for name in MINDIE_IGNORED_FLAGS:
+        if values.get(name) is not None and not isinstance(values[name], bool):
+            raise FieldError(name, f"must be true or false; got {_json(values[name])}")
+    count = values.get(MINDIE_IGNORED_COUNT)
+    if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 1):
+        raise FieldError(MINDIE_IGNORED_COUNT, f"must be a positive integer; got {_json(count)}")
+    ignored = {*MINDIE_IGNORED_FLAGS, MINDIE_IGNORED_COUNT}
+    return {name: value for name, value in values.items() if name not in ignored}
+
+
+def typed_values(values: Mapping[str, object]) -> dict[str, object]:
+    """`values` as a typed request carries them (`fill`, then `requested_values`): types
+    checked and values converted as for every other protocol."""
+    request = sb.GenerateRequest()
+    fill(request, values)
+    return requested_values(request)
 
 
 def requested_values(request: sb.GenerateRequest) -> dict[str, object]:

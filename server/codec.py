@@ -21,6 +21,7 @@ from switchboard.engine.errors import InvalidRequest
 from switchboard.engine.params import GenerationRequest
 from switchboard.engine.request import FinishReason, RequestOutput, RequestTimings
 from switchboard.engine.validation import MINDIE_SEED_RANGE, build_request
+from switchboard.proto import generation_fields
 from switchboard.proto import grpc_service_pb2 as pb
 from switchboard.proto import tensor_bytes
 from switchboard.proto.tensor_bytes import serialize_bytes
@@ -196,17 +197,27 @@ async def build_engine_request(call: InferCall, request_id: str,
     try:
         token_ids = await encode(call.prompt) if isinstance(call.prompt, str) else call.prompt
         if call.vllm is None:
-            # The log-probabilities of the tokens a request's details describe.
-            parameters = {**call.parameters, "logprobs": True} if call.describes_tokens \
-                else call.parameters
-            return build_request(request_id, token_ids, parameters, limits,
+            parameters = generation_fields.without_mindie_ignored(call.parameters)
+            if call.describes_tokens:
+                # The log-probabilities of the tokens a request's details describe.
+                parameters["logprobs"] = True
+            return build_request(request_id, token_ids, typed(parameters), limits,
                                  seed_range=MINDIE_SEED_RANGE)
-        return build_request(request_id, token_ids, call.parameters, limits)
+        return build_request(request_id, token_ids, typed(call.parameters), limits)
     except InvalidRequest as error:
         field = _field_name(call, error.field)
         if field == error.field:
             raise
         raise type(error)(field, error.reason) from None
+
+
+def typed(values: Mapping[str, object]) -> dict[str, object]:
+    """A KServe request's parameters as switchboard.v1's typed fields carry them, so that
+    their types are checked as every protocol's are (generation_fields)."""
+    try:
+        return generation_fields.typed_values(values)
+    except generation_fields.FieldError as error:
+        raise InvalidRequest(error.field, error.reason) from None
 
 
 def _field_name(call: InferCall, field: str) -> str:

@@ -156,21 +156,26 @@ def parameter_notes(validation) -> dict[str, Note]:
                          default=str(DEFAULT_PRIORITY)),
         "timeout": Note("seconds: the request ends with an error when it passes",
                         default=f"{DEFAULT_TIMEOUT_S:g}"),
-        "watermark": Note("accepted and ignored: no watermark is applied, as in MindIE"),
+        "watermark": Note("MindIE's and TGI's: checked and ignored, no watermark is applied, "
+                          "as in MindIE"),
         "details": Note("MindIE's: checked, without effect on generation"),
         "perf_stat": Note("MindIE's: checked, without effect on generation"),
-        "batch_size": Note("MindIE's: checked, without effect on generation", default="none"),
+        "batch_size": Note("MindIE's: checked, without effect on generation"),
     }
 
 
 def parameters_table() -> str:
     """The engine's request parameters: FLOAT_RANGES, INT_RANGES, BOOL_PARAMS and the rest of
-    SUPPORTED_PARAMS, in that order, with their SamplingParams defaults."""
+    SUPPORTED_PARAMS, in that order, with their SamplingParams defaults; then what MindIE's
+    interfaces accept without effect (generation_fields)."""
     from switchboard.engine import validation
     from switchboard.engine.params import SamplingParams
+    from switchboard.proto import generation_fields as fields
 
     notes = parameter_notes(validation)
-    supported = validation.SUPPORTED_PARAMS
+    ignored = {**dict.fromkeys(fields.MINDIE_IGNORED_FLAGS, ("bool", "", "false")),
+               fields.MINDIE_IGNORED_COUNT: ("int", "≥ 1", "none")}
+    supported = validation.SUPPORTED_PARAMS | ignored.keys()
     if undocumented := sorted(supported - notes.keys()):
         raise ValueError(f"parameters without a note in {__name__}.parameter_notes: "
                          f"{', '.join(undocumented)}")
@@ -182,7 +187,7 @@ def parameters_table() -> str:
              **{name: "int" for name in validation.INT_RANGES},
              **{name: "bool" for name in validation.BOOL_PARAMS}}
     ranges = {**validation.FLOAT_RANGES, **validation.INT_RANGES}
-    order = [*kinds, *sorted(supported - kinds.keys())]
+    order = [*kinds, *sorted(validation.SUPPORTED_PARAMS - kinds.keys())]
     rows = []
     for name in order:
         note = notes[name]
@@ -190,6 +195,8 @@ def parameters_table() -> str:
         default = note.default or _default(defaults.get(name, absent))
         rows.append((f"`{name}`", note.kind or kinds[name],
                      _interval(ranges[name]) if name in ranges else "", default, note.meaning))
+    rows += [(f"`{name}`", kind, bounds, default, notes[name].meaning)
+             for name, (kind, bounds, default) in ignored.items()]
     return table(("parameter", "type", "range", "default", "meaning"), rows)
 
 

@@ -11,7 +11,6 @@ MindIE's), the last with `generated_text` and, when asked for, `details`.
 
 from __future__ import annotations
 
-import json
 from http import HTTPStatus
 
 import grpc
@@ -22,6 +21,7 @@ from switchboard.gateway.protocols.generation import PROMPT, Generation, generat
 from switchboard.gateway.protocols.kserve import optional_string, require_object, required_string
 from switchboard.gateway.protocols.parameters import UINT64_MAX, json_type
 from switchboard.gateway.sse import sse_event
+from switchboard.proto import generation_fields
 from switchboard.proto import switchboard_pb2 as sb
 
 HTTP_STATUS = {**KSERVE_HTTP_STATUS, grpc.StatusCode.INVALID_ARGUMENT: 422,
@@ -32,7 +32,6 @@ ERROR_TYPES = {400: "Bad Request", 404: "NotFoundError", 422: "Input Validation 
 NAMES = {"inputs": "prompt"}
 TOKEN_NAMES = {"input_id": "prompt"}
 MICROSECONDS_PER_MS = 1000
-IGNORED_FLAGS = ("details", "perf_stat", "watermark")
 
 
 def infer_request_to_pb(document: object, tokens: bool
@@ -58,7 +57,10 @@ def infer_request_to_pb(document: object, tokens: bool
         # refusal would name its prompt field, which NAMES turns into `inputs`.
         raise bad_request(PROMPT, "unknown parameter: the prompt is the request's own field")
     details = optional_bool(parameters, "details")
-    _take_ignored(parameters)
+    try:
+        parameters = generation_fields.without_mindie_ignored(parameters)
+    except generation_fields.FieldError as error:
+        raise bad_request(error.field, error.reason) from None
     seed = parameters.get("seed")
     if seed == 0 and not isinstance(seed, bool):
         raise bad_request("seed", f"must be in [1, {UINT64_MAX}]; got 0 (MindIE's seeds are "
@@ -67,19 +69,6 @@ def infer_request_to_pb(document: object, tokens: bool
                                            optional_string(document, "id"),
                                            names=TOKEN_NAMES if tokens else NAMES)
     return request, optional_bool(document, "stream"), details, deadline_s
-
-
-def _take_ignored(parameters: dict[str, object]) -> None:
-    """Check and drop what MindIE accepts without effect: `details` and `perf_stat` shape
-    the reply, `watermark` is not applied by its post-processing, `batch_size` is the
-    server's to choose."""
-    for name in IGNORED_FLAGS:
-        optional_bool(parameters, name)
-        parameters.pop(name, None)
-    batch_size = parameters.pop("batch_size", None)
-    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
-                                   or batch_size < 1):
-        raise bad_request("batch_size", f"must be a positive integer; got {json.dumps(batch_size)}")
 
 
 def _details(generation: Generation) -> dict[str, object]:

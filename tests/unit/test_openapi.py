@@ -19,6 +19,7 @@ from switchboard.gateway import openapi
 from switchboard.gateway.app import ROUTES, make_app
 from switchboard.gateway.config import Plane
 from switchboard.gateway.protocols import openai, tgi
+from switchboard.proto import generation_fields
 
 ALL_ROUTES = [openapi.Route(plane.value, pattern, handler, name)
               for plane, rules in ROUTES.items() for pattern, handler, name in rules]
@@ -120,8 +121,14 @@ def test_invocations_errors_are_tgis_or_openais_as_each_answers_the_status() -> 
 
 @pytest.mark.parametrize("name", sorted(openapi.PARAMETERS))
 def test_request_parameters_have_the_engines_ranges(name: str) -> None:
-    assert name in validation.SUPPORTED_PARAMS
     schema = openapi.PARAMETERS[name]
+    if name in generation_fields.MINDIE_IGNORED_FLAGS:
+        assert schema["type"] == "boolean"
+        return
+    if name == generation_fields.MINDIE_IGNORED_COUNT:
+        assert (schema["type"], schema["minimum"]) == ("integer", 1)
+        return
+    assert name in validation.SUPPORTED_PARAMS
     if name in validation.INT_RANGES:
         # These are MindIE's routes' and Triton's: MindIE's seeds.
         interval = validation.MINDIE_SEED_RANGE if name == "seed" else validation.INT_RANGES[name]
