@@ -570,3 +570,23 @@ def test_dropping_a_chat_stream_frees_its_slot(gateway, client_files) -> None:
                           deadline_s=SLOTS_BACK_WITHIN_S)
     assert final["free_slots"] == final["total_slots"], f"after {elapsed:.2f} s: {final}"
     assert final == idle
+
+
+@pytest.mark.parametrize("create", ["chat", "responses"])
+def test_auto_tool_choice_without_the_servers_parser_is_refused_as_vllm_refuses_it(
+        client, create: str) -> None:
+    """This module's server runs without --enable-auto-tool-choice and --tool-call-parser:
+    "auto" with tools (the default with tools) gets vLLM's 400, naming tool_choice, on chat
+    completions and the Responses API alike."""
+    tool = {"name": "get_weather", "parameters": {"type": "object", "properties": {}}}
+    with pytest.raises(openai.BadRequestError) as refused:
+        if create == "chat":
+            client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=4,
+                                           tools=[{"type": "function", "function": tool}])
+        else:
+            client.responses.create(model=MODEL, input="Hi", max_output_tokens=4,
+                                    tools=[{"type": "function", **tool}])
+    error = refused.value.body
+    assert error["param"] == "tool_choice"
+    assert "requires --enable-auto-tool-choice and --tool-call-parser" in error["message"]
+    assert_still_serving(client)
