@@ -192,7 +192,8 @@ def test_a_pattern_is_compiled_only_once_the_request_is_admitted(monkeypatch) ->
 
 
 def test_an_index_over_the_memory_bound_is_refused_naming_the_field() -> None:
-    """[a-y]{1000} is 11 characters; its index over WORDS needs ~600 MiB to compile."""
+    """[a-y]{1000} is 11 characters, yet its index over WORDS needs far more than the bound to
+    compile."""
     with pytest.raises(InvalidRequest) as info:
         asyncio.run(word_guides(memory_mib=128, cpu_seconds=60).guide(
             OutputPattern("guided_regex", "[a-y]{1000}")))

@@ -164,7 +164,8 @@ def spinning_processes(count: int) -> list[subprocess.Popen]:
 def test_a_warm_up_beside_a_cpu_hog_chooses_as_the_idle_warm_ups_did(tmp_path: Path) -> None:
     """Load-time choices keep their best times in the cache folder: once starts have settled
     them, a warm-up while busy processes hold every core reuses them, where its own timings
-    could have chosen a path 2.7x slower for the server's whole life."""
+    could have chosen a much slower path for the server's whole life
+    (docs/performance-defaults.md)."""
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(
         vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
