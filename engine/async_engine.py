@@ -23,11 +23,14 @@ from outlines_core import Guide
 
 from switchboard.engine.block_manager import BlockManager
 from switchboard.engine.chat_output import OutputParsers
-from switchboard.engine.config import MAX_SEQUENCES, EngineConfig, EngineLimits
+from switchboard.engine.config import (DEFAULT_KV_TRANSFER_LEASE_S, MAX_SEQUENCES, EngineConfig,
+                                      EngineLimits)
 from switchboard.engine.core import EngineCore, EngineStats
-from switchboard.engine.errors import EngineDead, InvalidRequest, Overloaded, RequestTimedOut
+from switchboard.engine.errors import (EngineDead, EngineError, InvalidRequest, Overloaded,
+                                      RequestTimedOut)
 from switchboard.engine.fanout import generate_many
 from switchboard.engine.guided import GuideBuilder
+from switchboard.engine.kv_transfer import KV_TRANSFER_FIELD, KVLayout, PrefilledKV
 from switchboard.engine.loader import LoadedModel, load_model
 from switchboard.engine.measured_choice import limit_onednn_caches
 from switchboard.engine.paged_runner import PagedRunner, kv_bytes_per_token
@@ -58,6 +61,7 @@ class ModelInfo:
     max_waiting_requests: int
     quantization: str = "none"
     output_parsers: OutputParsers = OutputParsers()
+    kv_layout: KVLayout | None = None
 
 
 class _OutputStream:
@@ -88,10 +92,12 @@ class AsyncEngine:
     def __init__(self, core: EngineCore, tokenizer: object, limits: EngineLimits, info: ModelInfo,
                  max_unfinished: int, num_threads: int = 0,
                  warm_up: Callable[[], None] | None = None, guides: GuideBuilder | None = None,
-                 slots_per_request: int = MAX_SEQUENCES) -> None:
+                 slots_per_request: int = MAX_SEQUENCES,
+                 kv_transfer_lease_s: float = DEFAULT_KV_TRANSFER_LEASE_S) -> None:
         """warm_up: run on the engine's thread before its first step (see `wait_ready`);
         guides: for requests with structured output (none may come without);
-        slots_per_request: the most sequences of one request that run at once."""
+        slots_per_request: the most sequences of one request that run at once;
+        kv_transfer_lease_s: how long a keep_kv request's KV cache waits to be released."""
         self._core = core
         self._guides = guides
         self._slots_per_request = slots_per_request
@@ -108,6 +114,8 @@ class AsyncEngine:
         self._num_probe_streams = 0  # not counted against max_unfinished
         self._internal_ids: dict[str, str] = {}
         self._counter = itertools.count()
+        self._kv_transfer_lease_s = kv_transfer_lease_s
+        self._kv_leases: dict[str, asyncio.TimerHandle] = {}
         self._inbox: list[Callable[[EngineCore], None]] = []
         self._wakeup = threading.Condition()
         self._stopping = False
@@ -189,11 +197,13 @@ class AsyncEngine:
                          output_parsers=OutputParsers(
                              tool_call_parser=config.tool_call_parser,
                              enable_auto_tool_choice=config.enable_auto_tool_choice,
-                             reasoning_parser=config.reasoning_parser))
+                             reasoning_parser=config.reasoning_parser),
+                         kv_layout=runner.kv_layout)
         return cls(core, loaded.tokenizer, limits, info,
                    max_unfinished=config.max_batch_size + config.max_queue_len,
                    num_threads=config.num_threads, warm_up=runner.warm_up, guides=guides,
-                   slots_per_request=config.slots_per_request())
+                   slots_per_request=config.slots_per_request(),
+                   kv_transfer_lease_s=config.kv_transfer_lease_s)
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -230,18 +240,27 @@ class AsyncEngine:
         """Each token decoded alone, special tokens included (TGI's and OpenAI's token text)."""
         return token_texts(self._tokenizer, token_ids)
 
-    def generate(self, request: GenerationRequest) -> AsyncIterator[RequestOutput]:
+    def generate(self, request: GenerationRequest, prefilled: PrefilledKV | None = None
+                 ) -> AsyncIterator[RequestOutput]:
         """Events for one request, the last one (of each of its n sequences, told apart by
-        `index`) with finish_reason set.
+        `index`) with finish_reason set. prefilled: its prompt's KV cache as another engine
+        computed it (see `kv_transfer.py`).
 
         Raises the request's EngineError (timeout, failure) in place of a last event. Leaving
         the iteration early (cancellation, closing) aborts the request.
         """
+        if (prefilled is not None or request.keep_kv) and request.sampling.best_of > 1:
+            raise InvalidRequest(KV_TRANSFER_FIELD, "a prefill handed between instances "
+                                 "generates one sequence (n and best_of 1)")
+        if prefilled is not None:
+            prefilled.layout.check_matches(self.info.kv_layout)
+            prefilled.check_prompt(request.prompt_token_ids)
         if request.sampling.best_of > 1:
             return generate_many(self._generate_one, request, self._slots_per_request)
-        return self._generate_one(request)
+        return self._generate_one(request, prefilled=prefilled)
 
-    async def _generate_one(self, request: GenerationRequest, admitted: bool = False
+    async def _generate_one(self, request: GenerationRequest, admitted: bool = False,
+                            prefilled: PrefilledKV | None = None
                             ) -> AsyncIterator[RequestOutput]:
         """admitted: a later sequence of an admitted request (see `fanout.py`), which the
         in-flight limit does not refuse."""
@@ -266,13 +285,16 @@ class AsyncEngine:
             if pattern is not None:
                 guide, request = await self._guide(request)
             internal_request = dataclasses.replace(request, request_id=internal_id)
-            self._submit(lambda core: core.add(internal_request, guide))
+            self._submit(lambda core, kv=prefilled: core.add(internal_request, guide, kv))
+            prefilled = None  # the engine's cache holds it from now on
             while not finished:
                 output = await stream.get()
                 finished = output.is_last
                 if output.error is not None:
                     raise output.error
                 output.request_id = request.request_id
+                if output.kv_transfer_id:
+                    self._lease(output.kv_transfer_id)
                 yield output
         finally:
             del self._streams[internal_id]
@@ -292,6 +314,41 @@ class AsyncEngine:
         except TimeoutError:
             raise RequestTimedOut.after(request.timeout_s) from None
         return guide, time_left(request, arrival)
+
+    async def read_kv(self, transfer_id: str) -> PrefilledKV:
+        """The KV cache a finished keep_kv request keeps (NotFound once released)."""
+        loop = asyncio.get_running_loop()
+        read: asyncio.Future[PrefilledKV] = loop.create_future()
+
+        def settle(kv: PrefilledKV | None, error: EngineError | None) -> None:
+            if read.done():  # its caller left
+                return
+            if error is not None:
+                read.set_exception(error)
+            else:
+                read.set_result(kv)
+
+        def command(core: EngineCore) -> None:
+            try:
+                outcome = core.read_kv(transfer_id), None
+            except EngineError as error:
+                outcome = None, error
+            loop.call_soon_threadsafe(settle, *outcome)
+
+        self._submit(command)
+        return await read
+
+    def release_kv(self, transfer_id: str) -> None:
+        """Free the blocks a keep_kv request keeps: its decoding instance has them, or its
+        lease ran out."""
+        lease = self._kv_leases.pop(transfer_id, None)
+        if lease is not None:
+            lease.cancel()
+            self._submit(lambda core: core.release_kv(transfer_id))
+
+    def _lease(self, transfer_id: str) -> None:
+        self._kv_leases[transfer_id] = asyncio.get_running_loop().call_later(
+            self._kv_transfer_lease_s, self.release_kv, transfer_id)
 
     def abort(self, request_id: str) -> None:
         """Abort a request, and the sequences of an n / best_of request: they emit nothing more."""

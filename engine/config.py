@@ -33,6 +33,8 @@ DEFAULT_GUIDED_COMPILE_MIB = 512
 DEFAULT_GUIDED_COMPILE_CPU_SECONDS = 60
 # The slots one request may hold by default: this share of maxBatchSize.
 SLOTS_PER_REQUEST_SHARE = 8
+# How long a prefill for another instance keeps its KV cache for that instance to read.
+DEFAULT_KV_TRANSFER_LEASE_S = 120.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +72,8 @@ class EngineConfig:
     tool_call_parser, enable_auto_tool_choice, reasoning_parser: vLLM's flags of those names
     (see `chat_output.py`): how the model writes tool calls and thinking, and whether a
     request may leave the choice of calling a tool to the model.
+    kv_transfer_lease_s: how long a prefill done for another instance to decode keeps its KV
+    cache when that instance neither reads nor releases it (see `kv_transfer.py`).
     """
 
     model: Path | None = None
@@ -101,6 +105,7 @@ class EngineConfig:
     guided_compile_cpu_seconds: int = DEFAULT_GUIDED_COMPILE_CPU_SECONDS
     max_best_of: int = MAX_SEQUENCES
     max_slots_per_request: int = 0
+    kv_transfer_lease_s: float = DEFAULT_KV_TRANSFER_LEASE_S
 
     def guided_cache_bytes(self) -> int:
         if self.guided_cache_mib:
@@ -163,6 +168,9 @@ class EngineConfig:
         if self.max_slots_per_request > self.max_batch_size:
             raise ValueError(f"max_slots_per_request ({self.max_slots_per_request}) must not "
                              f"exceed max_batch_size ({self.max_batch_size})")
+        if not self.kv_transfer_lease_s > 0:
+            raise ValueError(f"kv_transfer_lease_s must be positive; got "
+                             f"{self.kv_transfer_lease_s!r}")
         if self.max_iter_times > self.max_seq_len:
             raise ValueError(f"max_iter_times ({self.max_iter_times}) must not exceed "
                              f"max_seq_len ({self.max_seq_len})")

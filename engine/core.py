@@ -17,7 +17,9 @@ import torch
 from outlines_core import Guide
 
 from switchboard.engine.detokenizer import Decoder, IncrementalDetokenizer, direct_decoder
-from switchboard.engine.errors import EngineError, GenerationFailed, RequestTimedOut
+from switchboard.engine.block_manager import BlockTable
+from switchboard.engine.errors import EngineError, GenerationFailed, NotFound, RequestTimedOut
+from switchboard.engine.kv_transfer import KVLayout, PrefilledKV
 from switchboard.engine.params import GenerationRequest
 from switchboard.engine.paged_runner import SequenceChunk
 from switchboard.engine.request import (FinishReason, Request, RequestOutput, RequestStatus, RequestTimings,
@@ -62,6 +64,15 @@ class ModelRunner(Protocol):
         chunk's last `num_logits` tokens (with all_logits, its last is also the sampling row
         when the chunk samples)."""
 
+    @property
+    def kv_layout(self) -> KVLayout: ...
+
+    def read_kv(self, block_ids: Sequence[int], num_tokens: int
+                ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def write_kv(self, block_ids: Sequence[int], start: int, keys: torch.Tensor,
+                 values: torch.Tensor) -> None: ...
+
 
 class EngineCore:
     def __init__(self, runner: ModelRunner, tokenizer: Decoder, eos_token_ids: Collection[int],
@@ -71,6 +82,8 @@ class EngineCore:
         self._eos_token_ids = frozenset(eos_token_ids)
         self.scheduler = scheduler
         self._requests: dict[str, Request] = {}
+        # Finished keep_kv requests' blocks, and the tokens whose KV they hold, by transfer id.
+        self._kept: dict[str, tuple[BlockTable, tuple[int, ...]]] = {}
         self._arrivals = itertools.count()
         self._stopped: list[RequestOutput] = []
         self._num_steps = 0
@@ -101,8 +114,11 @@ class EngineCore:
     def has_work(self) -> bool:
         return bool(self._requests)
 
-    def add(self, spec: GenerationRequest, guide: Guide | None = None) -> None:
-        """guide: the request's structured output, for one with a pattern (see `guided.py`)."""
+    def add(self, spec: GenerationRequest, guide: Guide | None = None,
+            prefilled: PrefilledKV | None = None) -> None:
+        """guide: the request's structured output, for one with a pattern (see `guided.py`);
+        prefilled: its prompt's KV cache as another engine computed it, checked against the
+        prompt (see `kv_transfer.py`)."""
         request = Request(
             spec=spec,
             arrival_index=next(self._arrivals),
@@ -112,7 +128,46 @@ class EngineCore:
             guide=guide,
         )
         self._requests[spec.request_id] = request
+        if prefilled is not None:
+            self._import(request, prefilled)
         self.scheduler.add(request)
+
+    def _import(self, request: Request, prefilled: PrefilledKV) -> None:
+        """Give the request blocks holding the prefilled tokens' KV, after any prefix this
+        cache already holds; the rest of its prompt (at least its last token) is computed as
+        usual. Where the pool is short it computes the whole prompt instead."""
+        block_manager = self.scheduler.block_manager
+        table = request.block_table
+        num_tokens = len(prefilled.token_ids)
+        reused = block_manager.reuse_prefix(table, request.all_token_ids)
+        if not block_manager.allocate(table, num_tokens):
+            block_manager.free(table)
+            logger.warning("request %s: no room for its %d prefilled tokens; it computes them",
+                           request.request_id, num_tokens)
+            return
+        if num_tokens > reused:
+            self._runner.write_kv(table.block_ids, reused, prefilled.keys[:, reused:],
+                                  prefilled.values[:, reused:])
+        self._computed(request, max(reused, num_tokens))
+
+    def read_kv(self, transfer_id: str) -> PrefilledKV:
+        """The KV cache a finished keep_kv request left (its prompt's, but for the last token,
+        which the decoding engine computes)."""
+        table, token_ids = self._kept_blocks(transfer_id)
+        keys, values = self._runner.read_kv(table.block_ids, len(token_ids))
+        return PrefilledKV(self._runner.kv_layout, token_ids, keys, values)
+
+    def release_kv(self, transfer_id: str) -> None:
+        kept = self._kept.pop(transfer_id, None)
+        if kept is not None:
+            self.scheduler.block_manager.free(kept[0])
+
+    def _kept_blocks(self, transfer_id: str) -> tuple[BlockTable, tuple[int, ...]]:
+        try:
+            return self._kept[transfer_id]
+        except KeyError:
+            raise NotFound(f"no KV cache is kept under {transfer_id!r} (released, or its "
+                           f"lease ran out)") from None
 
     def abort(self, request_id: str) -> None:
         """Drop a request whose consumer is gone; it emits nothing more."""
@@ -337,10 +392,9 @@ class EngineCore:
         )
         return self._output(request, (token_id,), logprob, finish, timings, decoded)
 
-    @staticmethod
-    def _output(request: Request, new_token_ids: tuple[int, ...], logprob: TokenLogprob | None,
-                finish: FinishReason | None, timings: RequestTimings | None,
-                decoded: str) -> RequestOutput:
+    def _output(self, request: Request, new_token_ids: tuple[int, ...],
+                logprob: TokenLogprob | None, finish: FinishReason | None,
+                timings: RequestTimings | None, decoded: str) -> RequestOutput:
         """The event for what a request produced: text is emitted up to the held-back tail
         that could still grow into a stop string, all of it once finished (and at once with
         include_stop_str_in_output, whose stop string is part of the text)."""
@@ -366,6 +420,7 @@ class EngineCore:
             timings=timings,
             prompt_logprobs=prompt_logprobs,
             decoded_text=decoded,
+            kv_transfer_id=request.request_id if request.request_id in self._kept else "",
         )
 
     @staticmethod
@@ -390,6 +445,11 @@ class EngineCore:
     def _finish(self, request: Request, status: RequestStatus) -> None:
         request.status = status
         self._requests.pop(request.request_id, None)
+        prompt = request.spec.prompt_token_ids
+        if request.spec.keep_kv and status is RequestStatus.FINISHED_STOPPED \
+                and request.num_computed_tokens >= len(prompt) - 1:
+            self._kept[request.request_id] = (request.block_table, prompt[:len(prompt) - 1])
+            request.block_table = BlockTable()
         self.scheduler.remove(request)
 
     @staticmethod

@@ -43,6 +43,7 @@ from transformers import PretrainedConfig, PreTrainedModel
 from switchboard.engine.attention import AttentionBatch, paged_attention
 from switchboard.engine.decode_graphs import DecodeGraphs
 from switchboard.engine.host_memory import release_free_heap
+from switchboard.engine.kv_transfer import KVLayout
 from switchboard.engine.measured_choice import (FP32_PACKINGS, PROBE_ROWS, MeasuredChoice,
                                                 MklPacked, OneDnnPacked, Product,
                                                 fastest_in_turns, fastest_overall,
@@ -317,6 +318,34 @@ class PagedRunner:
         if self._device.type == "cpu":
             logger.info("load-time choices (timed, or as kept in %s): %s",
                         self._timings.file or "no cache folder", self.measured_choices())
+
+    @property
+    def kv_layout(self) -> KVLayout:
+        return KVLayout(num_layers=self._cache_shape[0], num_kv_heads=self._num_kv_heads,
+                        head_dim=self._head_dim,
+                        dtype=str(self._cache_dtype).removeprefix("torch."),
+                        model=self._model_shape)
+
+    def read_kv(self, block_ids: Sequence[int], num_tokens: int
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copies of the keys and values of a sequence's first num_tokens tokens, on the host."""
+        slots = self._slots(block_ids, 0, num_tokens)
+        return self._k_cache[:, slots].cpu(), self._v_cache[:, slots].cpu()
+
+    def write_kv(self, block_ids: Sequence[int], start: int, keys: torch.Tensor,
+                 values: torch.Tensor) -> None:
+        """Store keys and values [layers, tokens, kv heads, head dim] as a sequence's tokens
+        from `start` on, as computing them would have."""
+        if self._k_cache is None or self._v_cache is None:
+            self._finish_loading()
+        slots = self._slots(block_ids, start, start + keys.shape[1])
+        self._k_cache[:, slots] = keys.to(self._device, self._cache_dtype)
+        self._v_cache[:, slots] = values.to(self._device, self._cache_dtype)
+
+    def _slots(self, block_ids: Sequence[int], start: int, stop: int) -> torch.Tensor:
+        positions = torch.arange(start, stop)
+        blocks = torch.tensor(block_ids, dtype=torch.long)[positions // self._block_size]
+        return (blocks * self._block_size + positions % self._block_size).to(self._device)
 
     def measured_choices(self) -> dict[str, str]:
         """What the load-time measurements chose on a CPU (where a choice was timed)."""

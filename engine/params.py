@@ -84,6 +84,9 @@ class GenerationRequest:
     priority: int = DEFAULT_PRIORITY
     timeout_s: float = DEFAULT_TIMEOUT_S
     probe: bool = False
+    # A prefill for another engine to decode (vLLM's do_remote_decode): once finished, its
+    # KV cache stays, under a lease, for that engine to read (see `kv_transfer.py`).
+    keep_kv: bool = False
 
 
 def time_left(request: GenerationRequest, since: float) -> GenerationRequest:

@@ -8,6 +8,7 @@ from typing import Protocol
 from switchboard.engine.async_engine import ModelInfo
 from switchboard.engine.config import EngineLimits
 from switchboard.engine.core import EngineStats
+from switchboard.engine.kv_transfer import PrefilledKV
 from switchboard.engine.params import GenerationRequest
 from switchboard.engine.request import RequestOutput
 from switchboard.engine.tokenization import PromptTokenizer
@@ -25,7 +26,12 @@ class EngineClient(Protocol):
 
     def token_texts(self, token_ids: Sequence[int]) -> list[str]: ...
 
-    def generate(self, request: GenerationRequest) -> AsyncIterator[RequestOutput]: ...
+    def generate(self, request: GenerationRequest, prefilled: PrefilledKV | None = None
+                 ) -> AsyncIterator[RequestOutput]: ...
+
+    async def read_kv(self, transfer_id: str) -> PrefilledKV: ...
+
+    def release_kv(self, transfer_id: str) -> None: ...
 
     def abort(self, request_id: str) -> None: ...
 

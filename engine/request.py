@@ -94,6 +94,8 @@ class RequestOutput:
     index: int = 0
     prompt_logprobs: tuple[TokenLogprob | None, ...] = ()
     decoded_text: str = ""
+    # On the last event of a keep_kv request: the id its kept KV cache is read by.
+    kv_transfer_id: str = ""
 
     @property
     def is_last(self) -> bool:

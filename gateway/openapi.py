@@ -223,6 +223,11 @@ OPENAI_COMMON: dict[str, JSON] = {
     "length_penalty": only(1, {"type": "number"}),
     "spaces_between_special_tokens": only(True, BOOLEAN), "priority": only(0, integer()),
     "cache_salt": NULL, "vllm_xargs": NULL, "bad_words": array(STRING, maxItems=0),
+    "no_stop_trim": only(False, BOOLEAN), "return_hidden_states": only(False, BOOLEAN),
+    "separate_reasoning": only(True, BOOLEAN), "stream_reasoning": only(True, BOOLEAN),
+    "include_reasoning": only(True, BOOLEAN),
+    # Prefill/decode disaggregation, as vLLM's proxy sends it and a prefill answers it.
+    "kv_transfer_params": ref("KVTransferParams"),
 }
 TEXT_PART = obj({"type": only("text", STRING), "text": STRING}, ["type", "text"])
 TOOL_CALL = obj({"id": STRING, "type": only("function", STRING),
@@ -309,8 +314,15 @@ REQUESTS: dict[str, JSON] = {
                     # "auto" (the default with tools) needs the server's
                     # --enable-auto-tool-choice and --tool-call-parser.
                     "tools": array(TOOL), "tool_choice": TOOL_CHOICE,
-                    "parallel_tool_calls": BOOLEAN, **CHAT_TEMPLATE_OPTIONS}),
+                    "parallel_tool_calls": BOOLEAN, "echo": only(False, BOOLEAN),
+                    **CHAT_TEMPLATE_OPTIONS}),
     }, ["messages"], closed=True),
+    "KVTransferParams": obj({
+        "do_remote_decode": nullable(BOOLEAN), "do_remote_prefill": nullable(BOOLEAN),
+        "remote_engine_id": nullable(STRING),
+        "remote_block_ids": nullable(array(integer(0, UINT32_MAX))),
+        "remote_host": nullable(STRING), "remote_port": nullable(integer(0, 65535)),
+        "remote_request_id": nullable(STRING)}),
     "ResponsesRequest": obj({
         **optional({**{name: schema for name, schema in OPENAI_SAMPLING.items() if name != "n"},
                     "model": STRING, "instructions": STRING,
@@ -466,6 +478,7 @@ REPLIES: dict[str, JSON] = {
                      ["object", "data"]),
     "ChatCompletion": obj({
         **OPENAI_HEADER, "object": only("chat.completion", STRING), "usage": USAGE,
+        "kv_transfer_params": ref("KVTransferParams"),
         "choices": array(obj({**OPENAI_CHOICE, "message": obj(
             {"role": only("assistant", STRING),
              # Null where the answer is only tool calls (finish_reason "tool_calls").
@@ -475,6 +488,7 @@ REPLIES: dict[str, JSON] = {
     }, ["id", "object", "created", "model", "system_fingerprint", "choices", "usage"]),
     "TextCompletion": obj({
         **OPENAI_HEADER, "object": only("text_completion", STRING), "usage": USAGE,
+        "kv_transfer_params": ref("KVTransferParams"),
         "choices": array(obj({**OPENAI_CHOICE, "text": STRING},
                              ["index", "text", "finish_reason"])),
     }, ["id", "object", "created", "model", "system_fingerprint", "choices", "usage"]),

@@ -25,6 +25,7 @@ from switchboard.proto.constants import FORCED_STOP_S, GRPC_MESSAGE_OPTIONS
 from switchboard.server.config import ServerConfig
 from switchboard.server.credentials import ReloadableCredentials, RevocationInterceptor
 from switchboard.server.generation import GenerationServicer
+from switchboard.server.kv_transfer import KVHandoff, KVTransferServicer
 from switchboard.server.management import ManagementServicer
 from switchboard.server.served_model import ServedModel
 from switchboard.server.servicer import InferenceServicer
@@ -34,7 +35,8 @@ logger = logging.getLogger(__name__)
 INFERENCE_SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
 MANAGEMENT_SERVICE = sb.DESCRIPTOR.services_by_name["Management"].full_name
 GENERATION_SERVICE = sb.DESCRIPTOR.services_by_name["Generation"].full_name
-SERVICES = (INFERENCE_SERVICE, GENERATION_SERVICE, MANAGEMENT_SERVICE)
+KV_TRANSFER_SERVICE = sb.DESCRIPTOR.services_by_name["KVTransfer"].full_name
+SERVICES = (INFERENCE_SERVICE, GENERATION_SERVICE, MANAGEMENT_SERVICE, KV_TRANSFER_SERVICE)
 SHUTDOWN_GRACE_S = 5.0
 
 
@@ -63,6 +65,7 @@ class Server:
             RevocationInterceptor(lambda: self._credentials.revocations)]
         self._grpc = grpc.aio.server(interceptors=revocation, options=GRPC_MESSAGE_OPTIONS)
         self._engine: AsyncEngine | None = None
+        self._handoff = KVHandoff(config.kv_transfer_tls, config.advertised_host)
         self.port: int | None = None
         # Set by SIGTERM / SIGINT or by a StopService call that has drained the server.
         self.exit_requested = asyncio.Event()
@@ -73,8 +76,9 @@ class Server:
     async def start(self) -> None:
         inference = InferenceServicer(self._served, package_version())
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(inference, self._grpc)
-        sb_grpc.add_GenerationServicer_to_server(GenerationServicer(self._served, inference),
-                                                 self._grpc)
+        sb_grpc.add_GenerationServicer_to_server(
+            GenerationServicer(self._served, inference, self._handoff), self._grpc)
+        sb_grpc.add_KVTransferServicer_to_server(KVTransferServicer(self._served), self._grpc)
         sb_grpc.add_ManagementServicer_to_server(
             ManagementServicer(self._served, self.stop_service,
                                None if self._config.is_insecure
@@ -98,6 +102,7 @@ class Server:
         except RuntimeError as error:  # grpc's "Failed to bind to address"
             raise ListenError(f"gRPC cannot listen on {address} (grpcIpAddress, grpcPort): "
                               f"{error}") from None
+        self._handoff.listening(self.port)
         await self._grpc.start()
         logger.info("gRPC listening on %s:%d; loading the model", self._config.grpc_host, self.port)
 
@@ -139,6 +144,7 @@ class Server:
     async def stop(self) -> None:
         await self._health.enter_graceful_shutdown()
         await self._grpc.stop(SHUTDOWN_GRACE_S)
+        await self._handoff.close()
         if self._engine is not None:
             await self._engine.shutdown()
 

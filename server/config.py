@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_MODEL_NAME = "smollm2"
 DEFAULT_GRPC_HOST = "127.0.0.1"
 DEFAULT_GRPC_PORT = 8001
+WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", "[::]", ""})
 
 # MindIE config.json key → our setting name (EngineConfig / ServerConfig field or CLI dest).
 CONFIG_KEYS = {
@@ -99,6 +101,12 @@ class ServerConfig:
     # The common names of the client certificates that may call the management operations
     # (StopService): the gateway's own, by default.
     management_identities: tuple[str, ...] = (GATEWAY_IDENTITY,)
+    # Prefill/decode disaggregation: this server's identity towards the servers whose KV
+    # caches it reads, and the CA it trusts them by (None: plaintext, as this server is); and
+    # the host they reach this server at (empty: grpc_host, or this machine's name when
+    # grpc_host listens on every address).
+    kv_transfer_tls: TLSFiles | None = None
+    kv_transfer_host: str = ""
 
     def __post_init__(self) -> None:
         if self.tls is None and not self.allow_insecure_non_loopback:
@@ -115,6 +123,12 @@ class ServerConfig:
     @property
     def is_insecure(self) -> bool:
         return self.tls is None
+
+    @property
+    def advertised_host(self) -> str:
+        if self.kv_transfer_host:
+            return self.kv_transfer_host
+        return socket.getfqdn() if self.grpc_host in WILDCARD_HOSTS else self.grpc_host
 
 
 def read_config_file(path: Path) -> dict[str, object]:

@@ -4,6 +4,7 @@ log-probabilities, which KServe v2's tensors have no place for."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -25,6 +26,7 @@ from switchboard.proto.generation_fields import requested_values
 from switchboard.server import codec
 from switchboard.server.errors import refusal
 from switchboard.server.json_text import decode_json
+from switchboard.server.kv_transfer import KVHandoff
 from switchboard.server.served_model import ServedModel
 from switchboard.server.servicer import InferenceServicer, engine_errors
 
@@ -35,9 +37,11 @@ TOOL_CHOICE_MODES = {sb.TOOL_CHOICE_NONE: "none", sb.TOOL_CHOICE_AUTO: "auto",
 
 
 class GenerationServicer(sb_grpc.GenerationServicer):
-    def __init__(self, served: ServedModel, inference: InferenceServicer) -> None:
+    def __init__(self, served: ServedModel, inference: InferenceServicer,
+                 handoff: KVHandoff) -> None:
         self.served = served
         self.inference = inference
+        self.handoff = handoff
 
     async def InferStream(self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
                           ) -> AsyncIterator[pb.ModelStreamInferResponse]:
@@ -54,13 +58,24 @@ class GenerationServicer(sb_grpc.GenerationServicer):
             values = requested_values(request)
             prompt_token_ids, plan = await _prompt(engine, request, values)
             spec = build_request(uuid.uuid4().hex, prompt_token_ids, values, engine.limits)
-            logger.info("request %s (client id %r): %d prompt tokens, generation", spec.request_id,
-                        request.id, len(spec.prompt_token_ids))
+            transfer = request.kv_transfer_params
+            spec = dataclasses.replace(spec, keep_kv=transfer.do_remote_decode)
+            prefilled = await self.handoff.read(transfer, engine.info.kv_layout) \
+                if transfer.do_remote_prefill else None
+            logger.info("request %s (client id %r): %d prompt tokens, generation%s",
+                        spec.request_id, request.id, len(spec.prompt_token_ids),
+                        "" if prefilled is None else
+                        f", {len(prefilled.token_ids)} prefilled at {transfer.remote_host}")
             tokens = TokenDescriber(engine)
             outputs: dict[int, ChatOutputParser] = {}
-            async with contextlib.aclosing(self.served.generate(spec, request.id)) as events:
+            async with contextlib.aclosing(self.served.generate(spec, request.id,
+                                                                prefilled)) as events:
+                del prefilled  # the engine's cache holds it from now on
                 async for event in events:
                     response = generate_response(event, spec, tokens)
+                    if event.kv_transfer_id:
+                        response.kv_transfer_params.CopyFrom(
+                            self.handoff.prefilled_here(event.kv_transfer_id))
                     if plan.make_parser is not None:
                         parse_output(response, outputs.setdefault(event.index,
                                                                   plan.make_parser()))

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Iterator
 
 from switchboard.engine.core import EngineStats
 from switchboard.engine.errors import EngineDead, EngineError, NotFound
+from switchboard.engine.kv_transfer import PrefilledKV
 from switchboard.engine.params import GenerationRequest
 from switchboard.engine.protocol import EngineClient
 from switchboard.engine.request import RequestOutput
@@ -52,17 +53,19 @@ class ServedModel:
         if version not in ("", MODEL_VERSION):
             raise NotFound(f"model {name!r} has no version {version!r}; available: {MODEL_VERSION}")
 
-    async def generate(self, spec: GenerationRequest, client_id: str
-                       ) -> AsyncIterator[RequestOutput]:
+    async def generate(self, spec: GenerationRequest, client_id: str,
+                       prefilled: PrefilledKV | None = None) -> AsyncIterator[RequestOutput]:
         """The engine's events for a request: refused once a graceful stop has begun, counted
-        in flight until it ends, findable by its client's id meanwhile, and measured."""
+        in flight until it ends, findable by its client's id meanwhile, and measured.
+        prefilled: its prompt's KV cache, from the instance that prefilled it."""
         engine = self.ready_engine()
         if self.stopping:
             raise EngineDead("the server is stopping: it takes no new requests")
         recorder = self.metrics.start_request()
         with self._running(client_id, spec.request_id):
             try:
-                async with contextlib.aclosing(engine.generate(spec)) as events:
+                async with contextlib.aclosing(engine.generate(spec, prefilled)) as events:
+                    del prefilled  # the engine's cache holds it from now on
                     async for event in events:
                         recorder.event(event)
                         yield event

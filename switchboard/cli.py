@@ -20,7 +20,8 @@ from pathlib import Path
 from switchboard.engine.config import (DEFAULT_GUIDED_COMPILE_CPU_SECONDS,
                                        DEFAULT_GUIDED_COMPILE_MIB, DEVICES, DTYPES,
                                        GUIDED_CACHE_MIB_RANGE, GUIDED_CACHE_SHARE, MAX_SEQUENCES,
-                                       QUANTIZATIONS, SLOTS_PER_REQUEST_SHARE, EngineConfig)
+                                       DEFAULT_KV_TRANSFER_LEASE_S, QUANTIZATIONS,
+                                       SLOTS_PER_REQUEST_SHARE, EngineConfig)
 from switchboard.engine.reasoning import REASONING_PARSERS
 from switchboard.engine.tool_parsers import TOOL_CALL_PARSERS
 from switchboard.gateway.config import (DEFAULT_BUSINESS_PORT, DEFAULT_CLIENT_TIMEOUT_S, DEFAULT_HTTP_HOST,
@@ -51,7 +52,8 @@ SERVER_FLAGS = frozenset({"model", "model_name", "device", "dtype", "quantizatio
                           "management_identities", "chat_template", "tool_call_parser",
                           "enable_auto_tool_choice", "reasoning_parser", "guided_cache_mib",
                           "guided_compile_mib", "guided_compile_cpu_seconds", "max_best_of",
-                          "max_slots_per_request"})
+                          "max_slots_per_request", "kv_transfer_lease_s", "kv_transfer_host",
+                          "kv_transfer_cert", "kv_transfer_key", "kv_transfer_ca"})
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -184,6 +186,22 @@ def _add_server_arguments(parser: argparse.ArgumentParser) -> dict[str, str]:
              f"(default: {GATEWAY_IDENTITY}, the gateway's own gateway.pem)")
     add("--cache-dir", type=Path,
         help="where converted GGUF models are kept (default: ~/.cache/switchboard)")
+    add("--kv-transfer-host", metavar="HOST",
+        help="prefill/decode: the host other servers reach this one's gRPC port at, given "
+             "in a prefill's kv_transfer_params (default: --grpc-host, or this machine's "
+             "name where that is every address)")
+    add("--kv-transfer-cert", type=Path, metavar="PEM",
+        help="prefill/decode: the client certificate this server reads other servers' KV "
+             "caches with (default: the TLS folder's client.pem)")
+    add("--kv-transfer-key", type=Path, metavar="PEM",
+        help="its private key (default: the TLS folder's client.key.pem)")
+    add("--kv-transfer-ca", type=Path, metavar="PEM",
+        help="the CA other servers' certificates are checked by when reading their KV "
+             "caches (default: the server's CA)")
+    add("--kv-transfer-lease", type=float, dest="kv_transfer_lease_s", metavar="S",
+        help="prefill/decode: how long a prefill done for another server keeps its KV "
+             f"cache when that server neither reads nor releases it (default: "
+             f"{DEFAULT_KV_TRANSFER_LEASE_S:g})")
     return add.options
 
 
@@ -260,8 +278,21 @@ def _configs(args: argparse.Namespace) -> tuple[EngineConfig, ServerConfig]:
         tls=tls,
         allow_insecure_non_loopback=bool(settings.get("allow_insecure_non_loopback")),
         management_identities=tuple(settings.get("management_identities", (GATEWAY_IDENTITY,))),
+        kv_transfer_tls=None if tls is None else _kv_transfer_tls(args, settings, tls),
+        kv_transfer_host=settings.get("kv_transfer_host", ""),
     )
     return engine_config, server_config
+
+
+def _kv_transfer_tls(args: argparse.Namespace, settings: dict[str, object],
+                     server: TLSFiles) -> TLSFiles:
+    """The server's identity towards other servers (read when first used: a server that
+    never decodes another's prefill needs none)."""
+    client = dev_files(args.tls_dir or DEFAULT_TLS_DIR, "client")
+    return TLSFiles(ca_file=settings.get("kv_transfer_ca", server.ca_file),
+                    cert_file=settings.get("kv_transfer_cert", client.cert_file),
+                    key_file=settings.get("kv_transfer_key", client.key_file),
+                    key_password=_key_password(args))
 
 
 def _gateway(args: argparse.Namespace) -> int:
@@ -440,8 +471,10 @@ def default_cache_dir() -> Path:
 def _describe(engine_config: EngineConfig, server_config: ServerConfig) -> dict[str, object]:
     """The effective configuration, for the log: paths as strings, no key material."""
     described = {**dataclasses.asdict(engine_config), **dataclasses.asdict(server_config)}
-    if isinstance(described["tls"], dict):
-        described["tls"]["key_password"] = "(set)" if server_config.tls.key_password else None
+    for name in ("tls", "kv_transfer_tls"):
+        if isinstance(described[name], dict):
+            described[name]["key_password"] = \
+                "(set)" if getattr(server_config, name).key_password else None
     return json.loads(json.dumps(described, default=str))
 
 

@@ -167,10 +167,14 @@ class Generation:
     prompt: list[sb.Token] = field(default_factory=list)
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    # A prefill's, for the instance that decodes it (see switchboard.v1's KVTransferParams).
+    kv_transfer_params: sb.KVTransferParams | None = None
 
     def add(self, response: sb.GenerateResponse) -> SequenceResult:
         self.prompt_tokens = response.prompt_tokens
         self.cached_tokens = response.cached_tokens
+        if response.HasField("kv_transfer_params"):
+            self.kv_transfer_params = response.kv_transfer_params
         self.prompt.extend(response.prompt)
         sequence = self.sequences.setdefault(response.index, SequenceResult(response.index))
         sequence.add(response)

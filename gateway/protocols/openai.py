@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import grpc
+from google.protobuf import json_format
 
 from switchboard.gateway.errors import KSERVE_HTTP_STATUS, bad_request
 from switchboard.gateway.protocols.exchange import Answer, Exchange, GenerationProtocol, ServedModel
@@ -45,6 +46,8 @@ from switchboard.proto import vllm_sampling
 SYSTEM_FINGERPRINT = f"switchboard-{importlib.metadata.version('switchboard')}"
 UNLIMITED = 2**31 - 1  # max_new_tokens that the server caps at its limits
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's /v1/completions default
+# vLLM's field for prefill/decode disaggregation, switchboard.v1's too.
+KV_TRANSFER_FIELD = "kv_transfer_params"
 NAMES = vllm_sampling.NAMES  # vLLM's names of its extras, as vLLM's OpenAI server takes them
 # Chat's errors about the prompt name its messages; about the length, the field it used.
 CHAT_NAMES = {**NAMES, "messages": "prompt"}
@@ -72,16 +75,21 @@ NEUTRAL_VALUES: dict[str, tuple[object, ...]] = {
     "modalities": (["text"],), "audio": (), "web_search_options": (), "functions": ([],),
     "function_call": ("none",), "use_beam_search": (False,), "length_penalty": (1, 1.0),
     "spaces_between_special_tokens": (True,), "priority": (0,), "cache_salt": (),
-    "vllm_xargs": (), "bad_words": ([],)}
+    "vllm_xargs": (), "bad_words": ([],),
+    # SGLang's, at their defaults: vLLM's router adds them to every request it forwards.
+    "no_stop_trim": (False,), "return_hidden_states": (False,), "separate_reasoning": (True,),
+    "stream_reasoning": (True,), "include_reasoning": (True,)}
+# Chat's own, at the value that changes nothing (vLLM's router sends it).
+CHAT_NEUTRAL_VALUES = {**NEUTRAL_VALUES, "echo": (False,)}
 ACCEPTED_FIELDS = SAMPLING_FIELDS | IGNORED_FIELDS | IGNORED_HINTS | set(NEUTRAL_VALUES) | {
     "model", "max_tokens", "logprobs", "stream", "stream_options", "logit_bias",
-    "response_format", "structured_outputs"}
+    "response_format", "structured_outputs", KV_TRANSFER_FIELD}
 # vLLM's options of the chat template's rendering (see `chat_messages`).
 TEMPLATE_FIELDS = frozenset({"chat_template_kwargs", "add_generation_prompt",
                              "continue_final_message"})
 CHAT_FIELDS = ACCEPTED_FIELDS | TEMPLATE_FIELDS | {"messages", "max_completion_tokens",
                                                    "top_logprobs", "tools", "tool_choice",
-                                                   "parallel_tool_calls"}
+                                                   "parallel_tool_calls", "echo"}
 COMPLETION_FIELDS = ACCEPTED_FIELDS | {"prompt", "echo", "best_of", "suffix"}
 # vLLM's structured_outputs keys → the server's pattern parameters.
 STRUCTURED_OUTPUTS = {"json": "guided_json", "regex": "guided_regex", "choice": "guided_choice",
@@ -129,7 +137,7 @@ class OpenAIOptions:
 
 
 def chat_request_to_pb(document: object) -> tuple[list[Call], OpenAIOptions]:
-    document = checked_document(document, CHAT_FIELDS)
+    document = checked_document(document, CHAT_FIELDS, CHAT_NEUTRAL_VALUES)
     messages = document.get("messages")
     if not isinstance(messages, list):
         raise bad_request("messages", f"must be an array of messages; got {json_type(messages)}")
@@ -147,6 +155,7 @@ def chat_request_to_pb(document: object) -> tuple[list[Call], OpenAIOptions]:
     openai_tools.add_tools(document, prompt)
     request, deadline_s = generate_request(requested_model(document), prompt, values,
                                            names=names)
+    add_kv_transfer(document, [request])
     return [Call(request, None)], _options(document, "chat.completion", logprobs, False,
                                            deadline_s, names)
 
@@ -178,14 +187,17 @@ def completion_request_to_pb(document: object) -> tuple[list[Call], OpenAIOption
         request, deadline_s = generate_request(requested_model(document), prompt,
                                                prompt_values, names=names)
         calls.append(Call(request, prompt if isinstance(prompt, str) else None))
+    add_kv_transfer(document, [call.request for call in calls])
     return calls, _options(document, "text_completion", top is not None, echo, deadline_s,
                            names, echo_only=echo_only)
 
 
-def checked_document(document: object, fields: frozenset[str]) -> dict[str, object]:
+def checked_document(document: object, fields: frozenset[str],
+                     neutral_values: Mapping[str, tuple[object, ...]] = NEUTRAL_VALUES
+                     ) -> dict[str, object]:
     document = require_object(document, "the body")
     refuse_unknown(document, fields)
-    for name, neutral in NEUTRAL_VALUES.items():
+    for name, neutral in neutral_values.items():
         value = document.get(name)
         if value is not None and not any(_same(value, each) for each in neutral):
             accepted = " or ".join(["null", *(json.dumps(each) for each in neutral)])
@@ -221,6 +233,31 @@ def add_structured_outputs(value: object, values: dict[str, object],
         raise bad_request(field, "asks for a second output format")
     values[parameter] = item
     return {**names, field: parameter}
+
+
+def add_kv_transfer(document: Mapping[str, object], requests: list[sb.GenerateRequest]) -> None:
+    """vLLM's kv_transfer_params (prefill/decode disaggregation), field for field; keys it
+    has and this server does not need (tp_size) are left, and null is absent."""
+    value = document.get(KV_TRANSFER_FIELD)
+    if value is None:
+        return
+    require_object(value, KV_TRANSFER_FIELD)
+    if len(requests) > 1:
+        raise bad_request(KV_TRANSFER_FIELD, "is for a request of one prompt")
+    try:
+        json_format.ParseDict(value, requests[0].kv_transfer_params, ignore_unknown_fields=True)
+    except json_format.ParseError as error:
+        raise bad_request(KV_TRANSFER_FIELD, str(error)) from None
+
+
+def kv_transfer_answer(generations: list[Generation]) -> dict[str, object]:
+    """A prefill's kv_transfer_params, for the request that decodes it (vLLM's answer field)."""
+    for generation in generations:
+        if generation.kv_transfer_params is not None:
+            return {KV_TRANSFER_FIELD: json_format.MessageToDict(
+                generation.kv_transfer_params, preserving_proto_field_name=True,
+                always_print_fields_with_no_presence=True)}
+    return {}
 
 
 def requested_model(document: Mapping[str, object]) -> str:
@@ -405,7 +442,8 @@ def reply(calls: list[Call], generations: list[Generation], options: OpenAIOptio
                                     generated, 0, generation.prompt if options.echo else ())
                                 if options.logprobs else None,
                                 "finish_reason": "length" if options.echo_only else reason})
-    return {**_header(options, options.kind), "choices": choices, "usage": usage(generations)}
+    return {**_header(options, options.kind), "choices": choices, "usage": usage(generations),
+            **kv_transfer_answer(generations)}
 
 
 def usage(generations: list[Generation], pending: int = 0) -> dict[str, object]:

@@ -281,7 +281,8 @@ class FakeEngine:
     def stats(self) -> EngineStats:
         return STATS
 
-    async def generate(self, spec: GenerationRequest) -> AsyncIterator[RequestOutput]:
+    async def generate(self, spec: GenerationRequest, prefilled: object = None
+                       ) -> AsyncIterator[RequestOutput]:
         try:
             yield self.events[0]
             await self.proceed.wait()
@@ -320,7 +321,8 @@ def test_generate_yields_the_engines_events_and_measures_them() -> None:
 
 def test_an_engine_error_counts_as_failure_and_reaches_the_caller() -> None:
     class FailingEngine(FakeEngine):
-        async def generate(self, spec: GenerationRequest) -> AsyncIterator[RequestOutput]:
+        async def generate(self, spec: GenerationRequest, prefilled: object = None
+                           ) -> AsyncIterator[RequestOutput]:
             yield self.events[0]
             raise RequestTimedOut("timed out")
 

@@ -16,6 +16,7 @@ from switchboard.engine.errors import InvalidRequest
 from switchboard.engine.tokenization import Tokenization
 from switchboard.proto import switchboard_pb2 as sb
 from switchboard.server.generation import GenerationServicer, chat_prompt
+from switchboard.server.kv_transfer import KVHandoff
 from switchboard.server.servicer import InferenceServicer
 from switchboard.server.served_model import ServedModel
 
@@ -52,7 +53,9 @@ def test_chat_tokens_are_those_of_the_templated_text_with_their_spans_in_it() ->
     served.engine = CharacterEngine()
     request = sb.TokenizeRequest(messages=sb.ChatMessages(
         messages=[sb.ChatMessage(role="user", content="Hi")]))
-    response = asyncio.run(GenerationServicer(served, InferenceServicer(served, "test")).Tokenize(request, None))
+    servicer = GenerationServicer(served, InferenceServicer(served, "test"),
+                                  KVHandoff(None, "localhost"))
+    response = asyncio.run(servicer.Tokenize(request, None))
     assert response.templated_text == TEMPLATED
     assert list(response.ids) == [ord(character) for character in TEMPLATED]
     assert [(span.start, span.stop) for span in response.spans] == \

@@ -1,0 +1,145 @@
+"""Prefill/decode disaggregation under vLLM's request-level contract, between two real
+servers (each behind its gateway, mutual TLS on every hop, the KV cache moved server to
+server over mutual TLS): a driver that does what vLLM's disaggregation proxy does sends a
+request to the prefill instance with kv_transfer_params {do_remote_decode: true},
+max_tokens 1 and stream false, and the original request with the answer's kv_transfer_params
+to the decode instance, whose answer is the client's.
+
+vLLM's router (`vllm-router --vllm-pd-disaggregation`) drives the same exchange, but it has
+no client certificate for workers that ask for one (no flag or setting for it), so it is not
+used here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import pytest
+from conftest import own_service
+from gateway_clients import MODEL, fetch, poll, request
+
+LEASE_S = 2.0
+SHARED = "You are a patient geography teacher. Answer in one short sentence. "
+PROMPTS = ["What is the capital of France?", "Name a river in Spain.",
+           SHARED + "What is the capital of Italy?", SHARED + "What is the capital of Peru?",
+           "Hi", "Tell me a story about a dragon who learns to fly over the mountains and "
+           "the sea, with a friend, in spring.", SHARED + "Where is Lima?",
+           "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20,"]
+# What vLLM's proxy adds to a request for the prefill instance.
+PREFILL_PARAMS = {"do_remote_decode": True, "do_remote_prefill": False,
+                  "remote_engine_id": None, "remote_block_ids": None, "remote_host": None,
+                  "remote_port": None}
+
+
+@dataclass(frozen=True)
+class Pair:
+    prefill: object
+    decode: object
+    files: object
+
+    def call(self, gateway, path: str, body: dict) -> dict:
+        status, reply = request(gateway.url("business"), self.files, path, body)
+        assert status == 200, reply
+        return reply
+
+    def prefilled(self, path: str, body: dict) -> dict:
+        """The prefill instance's kv_transfer_params for the request."""
+        reply = self.call(self.prefill, path, {**body, "max_tokens": 1, "stream": False,
+                                               "kv_transfer_params": PREFILL_PARAMS})
+        return reply["kv_transfer_params"]
+
+    def disaggregated(self, path: str, body: dict) -> dict:
+        return self.call(self.decode, path, {**body, "kv_transfer_params":
+                                             self.prefilled(path, body)})
+
+    def free_blocks(self, gateway) -> tuple[int, int]:
+        status, reply = request(gateway.url("management"), self.files, "/v1/status")
+        assert status == 200, reply
+        return reply["resource"]["freeNpuBlockNums"], reply["resource"]["totalNpuBlockNums"]
+
+    def assert_no_block_kept(self, within_s: float = 3.0) -> None:
+        for gateway in (self.prefill, self.decode):
+            (free, total), _ = poll(lambda: self.free_blocks(gateway),
+                                    lambda counts: counts[0] == counts[1], within_s)
+            assert free == total
+
+
+@pytest.fixture(scope="module")
+def pair(pki, client_files) -> Iterator[Pair]:
+    with own_service(pki.folder, server_args=("--kv-transfer-lease", str(LEASE_S))) as (_, p), \
+            own_service(pki.folder) as (_, d):
+        yield Pair(p, d, client_files)
+
+
+def completion(prompt: str) -> dict:
+    return {"model": MODEL, "prompt": prompt, "max_tokens": 12, "temperature": 0,
+            "ignore_eos": True}
+
+
+def test_greedy_completions_through_the_pair_equal_one_instances(pair) -> None:
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        split = list(pool.map(lambda p: pair.disaggregated("/v1/completions", completion(p)),
+                              PROMPTS))
+        alone = list(pool.map(lambda p: pair.call(pair.prefill, "/v1/completions",
+                                                  completion(p)), PROMPTS))
+    assert [reply["choices"][0]["text"] for reply in split] == \
+        [reply["choices"][0]["text"] for reply in alone]
+    # Every prompt token but the last came from the prefill (or the decoder's own cache).
+    assert [reply["usage"]["prompt_tokens_details"]["cached_tokens"] for reply in split] == \
+        [reply["usage"]["prompt_tokens"] - 1 for reply in split]
+    pair.assert_no_block_kept()
+
+
+def test_a_seeded_sampled_chat_streamed_from_the_decoder_gives_one_instances_text(pair) -> None:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Tell me about Paris."}],
+            "max_tokens": 16, "temperature": 0.8, "seed": 7}
+    alone = pair.call(pair.prefill, "/v1/chat/completions", body)
+    params = pair.prefilled("/v1/chat/completions", body)
+    status, stream = fetch(pair.decode.url("business"), pair.files, "/v1/chat/completions",
+                           {**body, "stream": True, "kv_transfer_params": params})
+    assert status == 200, stream
+    chunks = [json.loads(line[len(b"data: "):]) for line in stream.splitlines()
+              if line.startswith(b"data: {")]
+    text = "".join(chunk["choices"][0]["delta"].get("content") or "" for chunk in chunks
+                   if chunk["choices"])
+    assert text == alone["choices"][0]["message"]["content"]
+    pair.assert_no_block_kept()
+
+
+def test_a_prefill_nobody_reads_frees_its_blocks_when_the_lease_runs_out(pair) -> None:
+    params = pair.prefilled("/v1/completions", completion(PROMPTS[5]))
+    free, total = pair.free_blocks(pair.prefill)
+    assert free < total
+    pair.assert_no_block_kept(within_s=LEASE_S + 2)
+    # The decoder, finding the KV cache gone, computes the prompt itself.
+    reply = pair.call(pair.decode, "/v1/completions",
+                      {**completion(PROMPTS[5]), "kv_transfer_params": params})
+    assert reply["choices"][0]["text"] == pair.call(
+        pair.prefill, "/v1/completions", completion(PROMPTS[5]))["choices"][0]["text"]
+
+
+def test_a_prefill_instance_that_is_gone_leaves_the_decoder_to_compute_the_prompt(
+        pair) -> None:
+    params = pair.prefilled("/v1/completions", completion(PROMPTS[0]))
+    with contextlib.closing(socket.socket()) as unused:
+        unused.bind(("127.0.0.1", 0))
+        params["remote_port"] = unused.getsockname()[1]
+    reply = pair.call(pair.decode, "/v1/completions",
+                      {**completion(PROMPTS[0]), "kv_transfer_params": params})
+    assert reply["choices"][0]["text"] == pair.call(
+        pair.prefill, "/v1/completions", completion(PROMPTS[0]))["choices"][0]["text"]
+    pair.assert_no_block_kept(within_s=LEASE_S + 2)
+
+
+def test_remote_prefill_without_its_address_is_refused_naming_the_field(pair) -> None:
+    status, reply = request(pair.decode.url("business"), pair.files, "/v1/completions",
+                            {**completion(PROMPTS[0]),
+                             "kv_transfer_params": {"do_remote_prefill": True}})
+    assert status == 400, reply
+    assert reply["error"]["param"] == "kv_transfer_params"
+    assert "remote_host" in reply["error"]["message"]
