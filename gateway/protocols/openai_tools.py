@@ -5,8 +5,9 @@ auto, required, or {"type": "function", "function": {"name"}}), `parallel_tool_c
 assistant messages' `tool_calls` and tool messages' `tool_call_id`, onto ChatMessages; the
 server checks what they mean (a named tool not in tools, "auto" without a tool-call parser).
 Answers: `message.tool_calls` (content null when the answer is only calls) and
-`finish_reason` "tool_calls"; `reasoning_content`, and its tokens in `usage`; streamed as
-OpenAI streams calls: per call an index, its id and name first, then its arguments.
+`finish_reason` "tool_calls" (but "stop" after a named tool's call, as OpenAI's and vLLM's);
+`reasoning_content`, and its tokens in `usage`; streamed as OpenAI streams calls: per call an
+index, its id and name first, then its arguments.
 """
 
 from __future__ import annotations
@@ -107,9 +108,12 @@ def add_message_tool_fields(message: Mapping[str, object], where: str,
         result.tool_call_id = call_id
 
 
-def finish_reason(sequence: SequenceResult, reason: str) -> str:
-    """The server's reason, but "tool_calls" for a sequence that stopped after calling tools."""
-    return "tool_calls" if sequence.tool_calls and reason in STOPPED else reason
+def finish_reason(sequence: SequenceResult, reason: str, messages: sb.ChatMessages) -> str:
+    """The server's reason, but "tool_calls" for a sequence that stopped after calling tools
+    of the model's choice or of a required choice: a named tool's call stops with "stop", as
+    OpenAI answers a forced function and vLLM follows it."""
+    called = sequence.tool_calls and messages.tool_choice != sb.TOOL_CHOICE_NAMED
+    return "tool_calls" if called and reason in STOPPED else reason
 
 
 def message_fields(sequence: SequenceResult) -> dict[str, object]:

@@ -102,6 +102,34 @@ def test_an_answer_of_calls_only_has_null_content_and_finish_reason_tool_calls()
         "refusal": None}
 
 
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+
+
+@pytest.mark.parametrize("choice, reason", [("required", "tool_calls"), (None, "tool_calls"),
+                                            (NAMED, "stop")],
+                         ids=["required", "auto", "named"])
+def test_a_named_tools_call_finishes_with_stop_as_openai_and_vllm_answer(choice, reason
+                                                                         ) -> None:
+    """OpenAI answers a forced function with "stop"; vLLM follows it for a named choice and
+    answers "tool_calls" for the model's own or a required choice, streamed or not."""
+    pieces = [sb.GenerateResponse(tool_calls=call_pieces(0, "call_a", "get_weather"),
+                                  generated_tokens=2),
+              sb.GenerateResponse(tool_calls=[sb.ToolCallDelta(index=0, arguments="{}")],
+                                  finish_reason="eos_token", generated_tokens=3)]
+    for stream in (False, True):
+        [call], chosen = openai.chat_request_to_pb({"messages": [USER], "tools": [WEATHER],
+                                                    "tool_choice": choice, "stream": stream})
+        answer = openai.CompletionAnswer([call], chosen)
+        if stream:
+            *_, last = [json.loads(event[len(b"data: "):])
+                        for response in pieces for event in answer.events(0, response)]
+            assert last["choices"][0]["finish_reason"] == reason
+        else:
+            for response in pieces:
+                answer.collect(0, response)
+            assert answer.reply()["choices"][0]["finish_reason"] == reason
+
+
 def test_reasoning_comes_as_reasoning_content_and_counts_in_usage() -> None:
     generation = Generation()
     generation.add(sb.GenerateResponse(reasoning_text="Greeting.", reasoning_tokens=3,
