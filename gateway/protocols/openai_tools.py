@@ -16,7 +16,7 @@ import json
 from collections.abc import Mapping
 
 from switchboard.gateway.errors import bad_request
-from switchboard.gateway.protocols.generation import Generation, SequenceResult
+from switchboard.gateway.protocols.generation import Generation, SequenceResult, optional_bool
 from switchboard.gateway.protocols.kserve import require_object
 from switchboard.gateway.protocols.parameters import json_type
 from switchboard.proto import switchboard_pb2 as sb
@@ -30,7 +30,8 @@ STOPPED = frozenset({"eos_token", "stop_sequence", "stopped", "stop"})
 
 def add_tools(document: Mapping[str, object], messages: sb.ChatMessages,
               nested: bool = True) -> None:
-    """The request's tools, tool_choice and parallel_tool_calls onto `messages`. Chat's
+    """The request's tools, tool_choice and parallel_tool_calls onto `messages`, and whether
+    it streams (its calls' arguments then stream as they are written). Chat's
     functions are `nested` in their tool (`{"type": "function", "function": {"name"}}`), the
     Responses API's are the tool itself (`{"type": "function", "name"}`). A named choice may
     leave its type out, as TGI's Messages API (and its client, huggingface_hub) sends it:
@@ -56,6 +57,7 @@ def add_tools(document: Mapping[str, object], messages: sb.ChatMessages,
     elif choice is not None:
         raise bad_request("tool_choice", f'must be "none", "auto", "required" or {named}; got '
                           f"{json.dumps(choice)}")
+    messages.stream = optional_bool(document, "stream")
     parallel = document.get("parallel_tool_calls")
     if parallel is not None:
         if not isinstance(parallel, bool):

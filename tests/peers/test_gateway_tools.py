@@ -77,8 +77,9 @@ def checked_call(call, name: str = "get_weather") -> dict:
 
 
 def streamed_answer(stream) -> tuple[dict[int, dict], str, str, str | None]:
-    """A stream's calls by index ({id, name, arguments}), content, reasoning and finish
-    reason, checking that each call's id and name come in its first piece only."""
+    """A stream's calls by index ({id, name, arguments, pieces}: its arguments' text and how
+    many pieces it came in), content, reasoning and finish reason, checking that each call's
+    id and name come in its first piece only."""
     calls: dict[int, dict] = {}
     content = reasoning = ""
     finish_reason = None
@@ -94,10 +95,11 @@ def streamed_answer(stream) -> tuple[dict[int, dict], str, str, str | None]:
             if piece.index not in calls:
                 assert piece.id.startswith("call_") and piece.function.name
                 calls[piece.index] = {"id": piece.id, "name": piece.function.name,
-                                      "arguments": ""}
+                                      "arguments": "", "pieces": 0}
             else:
                 assert piece.id is None and piece.function.name is None
             calls[piece.index]["arguments"] += piece.function.arguments or ""
+            calls[piece.index]["pieces"] += bool(piece.function.arguments)
         finish_reason = choice.finish_reason
     return calls, content, reasoning, finish_reason
 
@@ -137,7 +139,7 @@ def test_a_streamed_call_comes_as_openai_streams_it_and_the_loop_goes_on(client,
     calls, content, _, finish_reason = streamed_answer(stream)
     assert finish_reason == FINISH_REASONS[str(choice)] and content == ""
     [call] = calls.values()
-    assert call["name"] == "get_weather"
+    assert call["name"] == "get_weather" and call["pieces"] > 1  # as they are generated
     jsonschema.validate(json.loads(call["arguments"]), WEATHER_PARAMETERS)
     whole = client.chat.completions.create(
         model=MODEL, messages=[QUESTION], tools=[WEATHER, CLOCK], tool_choice=choice,
@@ -178,16 +180,20 @@ def test_the_responses_api_calls_the_tool_then_answers_its_result(client, choice
     assert not [item for item in answer.output if item.type == "function_call"]
 
 
-def test_a_streamed_responses_call_streams_its_arguments(client) -> None:
+@pytest.mark.parametrize("choice", ["required", RESPONSES_NAMED], ids=["required", "named"])
+def test_a_streamed_responses_call_streams_its_arguments(client, choice) -> None:
     events = list(client.responses.create(
         model=MODEL, input=QUESTION["content"], tools=[RESPONSES_WEATHER],
-        tool_choice=RESPONSES_NAMED, temperature=0, max_output_tokens=MAX_TOKENS, stream=True))
+        tool_choice=choice, parallel_tool_calls=False, temperature=0,
+        max_output_tokens=MAX_TOKENS, stream=True))
     assert events[-1].type == "response.completed"
     call = responses_call(events[-1].response)
-    streamed = "".join(event.delta for event in events
-                       if event.type == "response.function_call_arguments.delta")
+    deltas = [event.delta for event in events
+              if event.type == "response.function_call_arguments.delta"]
     [done] = [event for event in events if event.type == "response.function_call_arguments.done"]
-    assert streamed == done.arguments == call.arguments
+    assert len(deltas) > 1  # as they are generated
+    assert json.loads("".join(deltas)) == json.loads(done.arguments) == \
+        json.loads(call.arguments)
 
 
 @pytest.mark.parametrize("fields, param, message", [
@@ -237,6 +243,7 @@ def test_auto_reads_calls_after_reasoning_from_the_models_own_format(client) -> 
     calls, content, reasoning, finish_reason = streamed_answer(stream)
     assert (content, reasoning, finish_reason) == ("", thought, "tool_calls")
     assert json.loads(calls[0]["arguments"]) == {"city": "Paris", "unit": "celsius"}
+    assert calls[0]["pieces"] > 1  # the model's own calls stream as it writes them too
 
 
 def test_text_without_calls_stays_content_and_thinking_reasoning(client) -> None:

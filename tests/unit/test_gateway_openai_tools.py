@@ -8,7 +8,7 @@ import json
 import pytest
 
 from switchboard.gateway.errors import RequestError
-from switchboard.gateway.protocols import openai
+from switchboard.gateway.protocols import openai, openai_responses as responses
 from switchboard.gateway.protocols.generation import Generation
 from switchboard.gateway.protocols.openai_tools import delta_fields
 from switchboard.proto import switchboard_pb2 as sb
@@ -49,6 +49,15 @@ def test_tools_choice_and_the_conversations_calls_travel_to_the_server() -> None
                                           (None, sb.TOOL_CHOICE_UNSPECIFIED)])
 def test_each_tool_choice_travels_and_auto_without_tools_is_not_refused(choice, mode) -> None:
     assert chat_messages(tool_choice=choice).tool_choice == mode
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_whether_the_answer_streams_travels_so_calls_stream_as_they_are_written(stream
+                                                                                ) -> None:
+    assert chat_messages(tools=[WEATHER], stream=stream).stream is stream
+    request, _ = responses.request_to_pb({"input": "x", "stream": stream, "tools": [
+        {"type": "function", **WEATHER["function"]}]})
+    assert request.messages.stream is stream
 
 
 def test_a_named_choice_without_its_type_is_tgis_and_names_the_tool() -> None:
