@@ -98,9 +98,10 @@ def tool_from_json(index: int, name: str, description: str, parameters_json: str
     return Tool(name, description, parameters)
 
 
-def plan_chat_output(tools: Sequence[Tool], choice: ToolChoice,
-                     parsers: OutputParsers) -> ChatOutputPlan:
-    """The constraint and parsers of a chat request's answer, or InvalidRequest."""
+def plan_chat_output(tools: Sequence[Tool], choice: ToolChoice, parsers: OutputParsers, *,
+                     piecewise: bool = False) -> ChatOutputPlan:
+    """The constraint and parsers of a chat request's answer, or InvalidRequest. piecewise:
+    calls come out as they are written (a streamed answer; see tool_parsers.py)."""
     mode = choice.mode or ("auto" if tools else "none")
     if mode not in TOOL_CHOICE_MODES:
         raise InvalidRequest("tool_choice", f"must be one of {', '.join(TOOL_CHOICE_MODES)}; "
@@ -110,7 +111,8 @@ def plan_chat_output(tools: Sequence[Tool], choice: ToolChoice,
     reasoning = REASONING_PARSERS.get(parsers.reasoning_parser or "")
     if mode == "required":
         return ChatOutputPlan(required_schema(tools, choice.parallel),
-                              lambda: ChatOutputParser(None, required_calls()))
+                              lambda: ChatOutputParser(None, required_calls(
+                                  piecewise=piecewise)))
     if mode == "named":
         tool = next((tool for tool in tools if tool.name == choice.name), None)
         if tool is None:
@@ -126,7 +128,7 @@ def plan_chat_output(tools: Sequence[Tool], choice: ToolChoice,
     if reasoning is None and calls is None:
         return ChatOutputPlan()
     return ChatOutputPlan(make_parser=lambda: ChatOutputParser(
-        reasoning() if reasoning else None, calls() if calls else None))
+        reasoning() if reasoning else None, calls(piecewise=piecewise) if calls else None))
 
 
 def arguments_schema(tool: Tool) -> dict[str, object]:

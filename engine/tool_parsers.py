@@ -4,13 +4,17 @@ that is not a call does, and so does a call whose JSON does not parse.
 
 Each parser holds back what may still turn out to be a call (a marker's first characters, a
 call whose JSON is not closed yet) and lets out the rest. A call comes out once its JSON is
-whole: its id and name first, then its arguments; where generation is constrained to one
-named tool's arguments (`NamedToolCall`), they come out as they are written.
+whole: its id and name first, then its arguments. Read `piecewise` (a streamed answer), a
+call comes out as soon as its name is whole and its arguments' object begun, and its
+arguments then as they are written, as OpenAI and vLLM stream them; where generation is
+constrained to one named tool's arguments (`NamedToolCall`), they always come out so.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
+import re
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -18,6 +22,9 @@ from dataclasses import dataclass
 # What a model writes a call as: {"name": ..., "arguments": {...}} (Llama 3 says "parameters").
 CallValue = tuple[str, object]
 SEPARATORS = " \n\t;"  # between calls where a call must open the output (Llama 3's ";")
+# How a call opens when it is read piecewise: its name, then the object of its arguments.
+CALL_OPENING = re.compile(r'\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*'
+                          r'"(?:arguments|parameters)"\s*:\s*(?=\{)')
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,10 +116,6 @@ def call_list(value: object) -> list[CallValue] | None:
     return None if None in calls else calls
 
 
-def one_call_or_list(value: object) -> list[CallValue] | None:
-    return call_list(value) if isinstance(value, list) else one_call(value)
-
-
 class StreamParser:
     """A parser of an output fed in deltas, holding back in `_buffer` what it cannot tell
     yet; `finish` at the output's end tells the rest."""
@@ -131,21 +134,35 @@ class StreamParser:
         raise NotImplementedError
 
 
+@dataclass(slots=True)
+class StreamedCall:
+    """A call let out piecewise: its index, and how much of its arguments' text is out."""
+
+    index: int
+    num_sent: int = 0
+
+
 class JsonCallParser(StreamParser):
     """Calls written as JSON after an opening marker (a marker that is "{" or "[" opens the
-    JSON itself), optionally followed by a closing one. at_start: calls only where the output
-    begins with one, or right after another (separated by whitespace or ";"), as Llama 3's
-    and constrained outputs; elsewhere a marker anywhere in the text opens a call."""
+    JSON itself), optionally followed by a closing one: one call, or a `listed` array of them.
+    at_start: calls only where the output begins with one, or right after another (separated
+    by whitespace or ";"), as Llama 3's and constrained outputs; elsewhere a marker anywhere
+    in the text opens a call. piecewise: see the module's docstring."""
 
-    def __init__(self, openings: Sequence[str], calls_of: Callable[[object], list[CallValue] | None],
-                 *, closing: str = "", at_start: bool = False) -> None:
+    def __init__(self, openings: Sequence[str], *, listed: bool = False, closing: str = "",
+                 at_start: bool = False, piecewise: bool = False) -> None:
         super().__init__()
         self._openings = tuple(openings)
-        self._calls_of = calls_of
+        self._calls_of: Callable[[object], list[CallValue] | None] = \
+            call_list if listed else one_call
+        self._listed = listed
         self._closing = closing
         self._at_start = at_start
+        self._piecewise = piecewise
         self._num_calls = 0
         self._is_text = False  # at_start, and the output turned out to be text
+        # The calls of the JSON value at the buffer's start that are out already.
+        self._streamed: list[StreamedCall] = []
 
     def _scan(self, *, final: bool) -> ParsedText:
         parsed = ParsedText()
@@ -160,10 +177,10 @@ class JsonCallParser(StreamParser):
             before, self._buffer = self._buffer[:start], self._buffer[start:]
             # Whitespace between text and a call, or between calls, belongs to neither.
             parsed += ParsedText("" if self._at_start else before.rstrip())
-            call = self._take_call(final)
-            if call is None:
-                break  # not whole yet
+            call, is_whole = self._take_call(final)
             parsed += call
+            if not is_whole:
+                break
         return parsed
 
     def _text_without_call(self, final: bool) -> ParsedText:
@@ -194,19 +211,27 @@ class JsonCallParser(StreamParser):
                   if index >= 0]
         return min(starts) if starts else None
 
-    def _take_call(self, final: bool) -> ParsedText | None:
-        """The call at the buffer's start, taken off it: as calls, or as content where it is
-        not one; None while it is not whole (and more may come)."""
+    def _take_call(self, final: bool) -> tuple[ParsedText, bool]:
+        """The call at the buffer's start, taken off it once whole: as calls, or as content
+        where it is not one; and whether it was whole (else more may come, and what is out
+        of it piecewise comes now)."""
         marker = next(marker for marker in self._openings if self._buffer.startswith(marker))
         value_start = len(self._buffer) - len(self._buffer[0 if marker in "{[" else len(marker):]
                                               .lstrip())
         if value_start == len(self._buffer) and not final:
-            return None
+            return ParsedText(), False
         if self._buffer[value_start:value_start + 1] not in ("{", "["):
-            return self._as_text(len(marker))
+            return self._as_text(len(marker)), True
         end = json_value_end(self._buffer, value_start)
+        # A value seen whole before any of it is out comes out whole, checked.
+        streamed = self._stream_calls(value_start) if self._piecewise and (
+            end is None or self._streamed) else ParsedText()
         if end is None:
-            return self._as_text(len(self._buffer)) if final else None
+            if self._streamed and final:  # cut short: what is left is the call's, not content
+                self._buffer, self._streamed = "", []
+            elif final:
+                return self._as_text(len(self._buffer)), True
+            return streamed, False
         call_end = end
         if self._closing:
             rest = self._buffer[end:]
@@ -214,15 +239,57 @@ class JsonCallParser(StreamParser):
             if tail.startswith(self._closing):
                 call_end = len(self._buffer) - len(tail) + len(self._closing)
             elif not final and self._closing.startswith(tail):
-                return None  # the closing marker may be on its way
+                return streamed, False  # the closing marker may be on its way
         try:
             calls = self._calls_of(json.loads(self._buffer[value_start:end]))
         except json.JSONDecodeError:
             calls = None
-        if calls is None:
-            return self._as_text(call_end)
+        num_streamed, self._streamed = len(self._streamed), []
+        if calls is None and not num_streamed:
+            return self._as_text(call_end), True
         self._buffer = self._buffer[call_end:]
-        return ParsedText(tool_calls=tuple(self._deltas(calls)))
+        return streamed + ParsedText(tool_calls=tuple(self._deltas(calls[num_streamed:]
+                                                                   if calls else []))), True
+
+    def _stream_calls(self, value_start: int) -> ParsedText:
+        """What has come of the calls of the JSON value at value_start since the last look:
+        a call's id and name once its name is whole and its arguments' object begun, then
+        its arguments' text as written. A call that opens otherwise (its arguments first)
+        waits to come out whole."""
+        text = self._buffer
+        if (text[value_start] == "[") != self._listed:
+            return ParsedText()
+        deltas = []
+        position = value_start + 1 if self._listed else value_start
+        for number in itertools.count():
+            if self._listed:
+                position = len(text) - len(text[position:].lstrip())
+                if number:
+                    if text[position:position + 1] != ",":
+                        break
+                    position = len(text) - len(text[position + 1:].lstrip())
+            opening = CALL_OPENING.match(text, position)
+            try:
+                name = json.loads(opening.group(1)) if opening else None
+            except json.JSONDecodeError:
+                name = None
+            if name is None:
+                break
+            if number == len(self._streamed):
+                self._streamed.append(StreamedCall(self._num_calls))
+                self._num_calls += 1
+                deltas.append(ToolCallDelta(self._streamed[number].index, "", new_call_id(),
+                                            name))
+            call = self._streamed[number]
+            arguments_end = json_value_end(text, opening.end())
+            piece = text[opening.end() + call.num_sent:arguments_end or len(text)]
+            if piece:
+                deltas.append(ToolCallDelta(call.index, piece))
+                call.num_sent += len(piece)
+            position = json_value_end(text, position) if arguments_end else None
+            if position is None or not self._listed:
+                break
+        return ParsedText(tool_calls=tuple(deltas))
 
     def _as_text(self, length: int) -> ParsedText:
         text, self._buffer = self._buffer[:length], self._buffer[length:]
@@ -256,29 +323,29 @@ class NamedToolCall(StreamParser):
                                       else ToolCallDelta(0, text),))
 
 
-def hermes() -> JsonCallParser:
+def hermes(*, piecewise: bool = False) -> JsonCallParser:
     """<tool_call>{"name": ..., "arguments": {...}}</tool_call>, as Hermes, Qwen2.5, Qwen3
     and SmolLM3 write them, anywhere in the text."""
-    return JsonCallParser(("<tool_call>",), one_call, closing="</tool_call>")
+    return JsonCallParser(("<tool_call>",), closing="</tool_call>", piecewise=piecewise)
 
 
-def llama3_json() -> JsonCallParser:
+def llama3_json(*, piecewise: bool = False) -> JsonCallParser:
     """Llama 3.x's JSON calls: the output is {"name": ..., "parameters": {...}} (after an
     optional <|python_tag|>), several separated by ";"."""
-    return JsonCallParser(("<|python_tag|>", "{"), one_call, at_start=True)
+    return JsonCallParser(("<|python_tag|>", "{"), at_start=True, piecewise=piecewise)
 
 
-def mistral() -> JsonCallParser:
+def mistral(*, piecewise: bool = False) -> JsonCallParser:
     """Mistral's [TOOL_CALLS] followed by a JSON array of {"name", "arguments"}."""
-    return JsonCallParser(("[TOOL_CALLS]",), call_list)
+    return JsonCallParser(("[TOOL_CALLS]",), listed=True, piecewise=piecewise)
 
 
-def required_calls() -> JsonCallParser:
+def required_calls(*, piecewise: bool = False) -> JsonCallParser:
     """An output constrained to a JSON array of calls (see `tool_choice_schema`)."""
-    return JsonCallParser(("[",), call_list, at_start=True)
+    return JsonCallParser(("[",), listed=True, at_start=True, piecewise=piecewise)
 
 
-TOOL_CALL_PARSERS: dict[str, Callable[[], JsonCallParser]] = {
+TOOL_CALL_PARSERS: dict[str, Callable[..., JsonCallParser]] = {
     "hermes": hermes, "llama3_json": llama3_json, "mistral": mistral}
 
 

@@ -174,7 +174,7 @@ async def _prompt(engine: EngineClient, request: sb.GenerateRequest,
     if kind == "messages":
         prompt = chat_prompt(request.messages)
         plan = plan_chat_output(prompt.tools, tool_choice(request.messages),
-                                engine.info.output_parsers)
+                                engine.info.output_parsers, piecewise=request.messages.stream)
         constrain_to_tool_calls(values, plan)
         return await engine.prompts.encode_chat(prompt), plan
     if kind == "text":

@@ -430,8 +430,8 @@ def reply(calls: list[Call], generations: list[Generation], options: OpenAIOptio
                                             "refusal": None},
                                 "logprobs": _chat_logprobs(sequence.tokens) if options.logprobs
                                 else None,
-                                "finish_reason": openai_tools.finish_reason(sequence,
-                                                                            reason)})
+                                "finish_reason": openai_tools.finish_reason(
+                                    sequence, reason, call.request.messages)})
             else:
                 prefix = echo_text(call, generation) if options.echo else ""
                 generated = [] if options.echo_only else list(sequence.tokens)
@@ -561,7 +561,8 @@ class CompletionAnswer(Answer):
             text_offset=offset,
             usage=usage(self.generations) if options.continuous_usage else None,
             finish_reason="length" if options.echo_only and response.finish_reason
-            else openai_tools.finish_reason(sequence, response.finish_reason),
+            else openai_tools.finish_reason(sequence, response.finish_reason,
+                                            self.calls[call].request.messages),
             delta_fields=openai_tools.delta_fields(response))))
         return chunks
 

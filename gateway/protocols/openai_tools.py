@@ -5,8 +5,9 @@ auto, required, or {"type": "function", "function": {"name"}}), `parallel_tool_c
 assistant messages' `tool_calls` and tool messages' `tool_call_id`, onto ChatMessages; the
 server checks what they mean (a named tool not in tools, "auto" without a tool-call parser).
 Answers: `message.tool_calls` (content null when the answer is only calls) and
-`finish_reason` "tool_calls"; `reasoning_content`, and its tokens in `usage`; streamed as
-OpenAI streams calls: per call an index, its id and name first, then its arguments.
+`finish_reason` "tool_calls" (but "stop" after a named tool's call, as OpenAI's and vLLM's);
+`reasoning_content`, and its tokens in `usage`; streamed as OpenAI streams calls: per call an
+index, its id and name first, then its arguments.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import json
 from collections.abc import Mapping
 
 from switchboard.gateway.errors import bad_request
-from switchboard.gateway.protocols.generation import Generation, SequenceResult
+from switchboard.gateway.protocols.generation import Generation, SequenceResult, optional_bool
 from switchboard.gateway.protocols.kserve import require_object
 from switchboard.gateway.protocols.parameters import json_type
 from switchboard.proto import switchboard_pb2 as sb
@@ -29,7 +30,8 @@ STOPPED = frozenset({"eos_token", "stop_sequence", "stopped", "stop"})
 
 def add_tools(document: Mapping[str, object], messages: sb.ChatMessages,
               nested: bool = True) -> None:
-    """The request's tools, tool_choice and parallel_tool_calls onto `messages`. Chat's
+    """The request's tools, tool_choice and parallel_tool_calls onto `messages`, and whether
+    it streams (its calls' arguments then stream as they are written). Chat's
     functions are `nested` in their tool (`{"type": "function", "function": {"name"}}`), the
     Responses API's are the tool itself (`{"type": "function", "name"}`). A named choice may
     leave its type out, as TGI's Messages API (and its client, huggingface_hub) sends it:
@@ -55,6 +57,7 @@ def add_tools(document: Mapping[str, object], messages: sb.ChatMessages,
     elif choice is not None:
         raise bad_request("tool_choice", f'must be "none", "auto", "required" or {named}; got '
                           f"{json.dumps(choice)}")
+    messages.stream = optional_bool(document, "stream")
     parallel = document.get("parallel_tool_calls")
     if parallel is not None:
         if not isinstance(parallel, bool):
@@ -107,9 +110,12 @@ def add_message_tool_fields(message: Mapping[str, object], where: str,
         result.tool_call_id = call_id
 
 
-def finish_reason(sequence: SequenceResult, reason: str) -> str:
-    """The server's reason, but "tool_calls" for a sequence that stopped after calling tools."""
-    return "tool_calls" if sequence.tool_calls and reason in STOPPED else reason
+def finish_reason(sequence: SequenceResult, reason: str, messages: sb.ChatMessages) -> str:
+    """The server's reason, but "tool_calls" for a sequence that stopped after calling tools
+    of the model's choice or of a required choice: a named tool's call stops with "stop", as
+    OpenAI answers a forced function and vLLM follows it."""
+    called = sequence.tool_calls and messages.tool_choice != sb.TOOL_CHOICE_NAMED
+    return "tool_calls" if called and reason in STOPPED else reason
 
 
 def message_fields(sequence: SequenceResult) -> dict[str, object]:

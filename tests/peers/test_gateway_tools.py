@@ -38,6 +38,8 @@ CLOCK = {"type": "function", "function": {
     "parameters": {"type": "object", "properties": {"zone": {"type": "string", "maxLength": 24}},
                    "required": ["zone"], "additionalProperties": False}}}
 NAMED = {"type": "function", "function": {"name": "get_weather"}}
+# A named tool's call finishes with "stop", as OpenAI answers a forced function (vLLM too).
+FINISH_REASONS = {"required": "tool_calls", str(NAMED): "stop"}
 TOOL_RESULT = "18 degrees celsius and sunny"
 # Bounds every answer: the constrained calls take about 30 tokens.
 MAX_TOKENS = 64
@@ -75,8 +77,9 @@ def checked_call(call, name: str = "get_weather") -> dict:
 
 
 def streamed_answer(stream) -> tuple[dict[int, dict], str, str, str | None]:
-    """A stream's calls by index ({id, name, arguments}), content, reasoning and finish
-    reason, checking that each call's id and name come in its first piece only."""
+    """A stream's calls by index ({id, name, arguments, pieces}: its arguments' text and how
+    many pieces it came in), content, reasoning and finish reason, checking that each call's
+    id and name come in its first piece only."""
     calls: dict[int, dict] = {}
     content = reasoning = ""
     finish_reason = None
@@ -92,10 +95,11 @@ def streamed_answer(stream) -> tuple[dict[int, dict], str, str, str | None]:
             if piece.index not in calls:
                 assert piece.id.startswith("call_") and piece.function.name
                 calls[piece.index] = {"id": piece.id, "name": piece.function.name,
-                                      "arguments": ""}
+                                      "arguments": "", "pieces": 0}
             else:
                 assert piece.id is None and piece.function.name is None
             calls[piece.index]["arguments"] += piece.function.arguments or ""
+            calls[piece.index]["pieces"] += bool(piece.function.arguments)
         finish_reason = choice.finish_reason
     return calls, content, reasoning, finish_reason
 
@@ -118,7 +122,7 @@ def test_the_model_calls_the_tool_then_answers_its_result(client, choice) -> Non
         model=MODEL, messages=[QUESTION], tools=[WEATHER, CLOCK], tool_choice=choice,
         parallel_tool_calls=False, temperature=0, max_tokens=MAX_TOKENS)
     [answer] = reply.choices
-    assert answer.finish_reason == "tool_calls"
+    assert answer.finish_reason == FINISH_REASONS[str(choice)]
     assert answer.message.content is None
     [call] = answer.message.tool_calls
     checked_call(call)
@@ -133,9 +137,9 @@ def test_a_streamed_call_comes_as_openai_streams_it_and_the_loop_goes_on(client,
         model=MODEL, messages=[QUESTION], tools=[WEATHER, CLOCK], tool_choice=choice,
         parallel_tool_calls=False, temperature=0, max_tokens=MAX_TOKENS, stream=True)
     calls, content, _, finish_reason = streamed_answer(stream)
-    assert finish_reason == "tool_calls" and content == ""
+    assert finish_reason == FINISH_REASONS[str(choice)] and content == ""
     [call] = calls.values()
-    assert call["name"] == "get_weather"
+    assert call["name"] == "get_weather" and call["pieces"] > 1  # as they are generated
     jsonschema.validate(json.loads(call["arguments"]), WEATHER_PARAMETERS)
     whole = client.chat.completions.create(
         model=MODEL, messages=[QUESTION], tools=[WEATHER, CLOCK], tool_choice=choice,
@@ -176,16 +180,20 @@ def test_the_responses_api_calls_the_tool_then_answers_its_result(client, choice
     assert not [item for item in answer.output if item.type == "function_call"]
 
 
-def test_a_streamed_responses_call_streams_its_arguments(client) -> None:
+@pytest.mark.parametrize("choice", ["required", RESPONSES_NAMED], ids=["required", "named"])
+def test_a_streamed_responses_call_streams_its_arguments(client, choice) -> None:
     events = list(client.responses.create(
         model=MODEL, input=QUESTION["content"], tools=[RESPONSES_WEATHER],
-        tool_choice=RESPONSES_NAMED, temperature=0, max_output_tokens=MAX_TOKENS, stream=True))
+        tool_choice=choice, parallel_tool_calls=False, temperature=0,
+        max_output_tokens=MAX_TOKENS, stream=True))
     assert events[-1].type == "response.completed"
     call = responses_call(events[-1].response)
-    streamed = "".join(event.delta for event in events
-                       if event.type == "response.function_call_arguments.delta")
+    deltas = [event.delta for event in events
+              if event.type == "response.function_call_arguments.delta"]
     [done] = [event for event in events if event.type == "response.function_call_arguments.done"]
-    assert streamed == done.arguments == call.arguments
+    assert len(deltas) > 1  # as they are generated
+    assert json.loads("".join(deltas)) == json.loads(done.arguments) == \
+        json.loads(call.arguments)
 
 
 @pytest.mark.parametrize("fields, param, message", [
@@ -235,6 +243,7 @@ def test_auto_reads_calls_after_reasoning_from_the_models_own_format(client) -> 
     calls, content, reasoning, finish_reason = streamed_answer(stream)
     assert (content, reasoning, finish_reason) == ("", thought, "tool_calls")
     assert json.loads(calls[0]["arguments"]) == {"city": "Paris", "unit": "celsius"}
+    assert calls[0]["pieces"] > 1  # the model's own calls stream as it writes them too
 
 
 def test_text_without_calls_stays_content_and_thinking_reasoning(client) -> None:
@@ -271,7 +280,7 @@ def test_tgis_client_calls_a_named_tool_on_tgis_messages_api(service, client_fil
     finally:
         huggingface_hub.set_client_factory(default_client_factory)
     [call] = reply.choices[0].message.tool_calls
-    assert call.function.name == "get_weather" and reply.choices[0].finish_reason == "tool_calls"
+    assert call.function.name == "get_weather" and reply.choices[0].finish_reason == "stop"
     jsonschema.validate(json.loads(call.function.arguments), WEATHER_PARAMETERS)
 
 

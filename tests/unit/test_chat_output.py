@@ -35,6 +35,20 @@ def test_auto_reads_the_models_calls_with_the_operators_parser() -> None:
     assert parsed.content == "Sure." and parsed.tool_calls[0].name == "get_weather"
 
 
+@pytest.mark.parametrize("choice, output", [
+    (ToolChoice(), '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}'),
+    (ToolChoice("required"), '[{"name": "get_weather", "arguments": {"city": "Oslo"}}]')],
+    ids=["auto", "required"])
+def test_a_streamed_answers_calls_come_as_they_are_written(choice, output) -> None:
+    """Read whole, a call comes out once its JSON parses; streamed, its arguments come out
+    as they are written."""
+    for piecewise, num_pieces in ((False, 1), (True, len('{"city": "Oslo"}'))):
+        parser = plan_chat_output((WEATHER,), choice, AUTO, piecewise=piecewise).make_parser()
+        pieces = [parser.feed(char).tool_calls for char in output] + [parser.finish().tool_calls]
+        arguments = [call.arguments for piece in pieces for call in piece if call.arguments]
+        assert len(arguments) == num_pieces and "".join(arguments) == '{"city": "Oslo"}'
+
+
 def test_a_required_choice_constrains_to_an_array_of_calls_of_the_tools() -> None:
     plan = plan_chat_output((WEATHER, CLOCK), ToolChoice("required", parallel=False),
                             OutputParsers())

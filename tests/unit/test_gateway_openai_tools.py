@@ -8,7 +8,7 @@ import json
 import pytest
 
 from switchboard.gateway.errors import RequestError
-from switchboard.gateway.protocols import openai
+from switchboard.gateway.protocols import openai, openai_responses as responses
 from switchboard.gateway.protocols.generation import Generation
 from switchboard.gateway.protocols.openai_tools import delta_fields
 from switchboard.proto import switchboard_pb2 as sb
@@ -49,6 +49,15 @@ def test_tools_choice_and_the_conversations_calls_travel_to_the_server() -> None
                                           (None, sb.TOOL_CHOICE_UNSPECIFIED)])
 def test_each_tool_choice_travels_and_auto_without_tools_is_not_refused(choice, mode) -> None:
     assert chat_messages(tool_choice=choice).tool_choice == mode
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_whether_the_answer_streams_travels_so_calls_stream_as_they_are_written(stream
+                                                                                ) -> None:
+    assert chat_messages(tools=[WEATHER], stream=stream).stream is stream
+    request, _ = responses.request_to_pb({"input": "x", "stream": stream, "tools": [
+        {"type": "function", **WEATHER["function"]}]})
+    assert request.messages.stream is stream
 
 
 def test_a_named_choice_without_its_type_is_tgis_and_names_the_tool() -> None:
@@ -100,6 +109,34 @@ def test_an_answer_of_calls_only_has_null_content_and_finish_reason_tool_calls()
          "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
         {"id": "call_b", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}],
         "refusal": None}
+
+
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+
+
+@pytest.mark.parametrize("choice, reason", [("required", "tool_calls"), (None, "tool_calls"),
+                                            (NAMED, "stop")],
+                         ids=["required", "auto", "named"])
+def test_a_named_tools_call_finishes_with_stop_as_openai_and_vllm_answer(choice, reason
+                                                                         ) -> None:
+    """OpenAI answers a forced function with "stop"; vLLM follows it for a named choice and
+    answers "tool_calls" for the model's own or a required choice, streamed or not."""
+    pieces = [sb.GenerateResponse(tool_calls=call_pieces(0, "call_a", "get_weather"),
+                                  generated_tokens=2),
+              sb.GenerateResponse(tool_calls=[sb.ToolCallDelta(index=0, arguments="{}")],
+                                  finish_reason="eos_token", generated_tokens=3)]
+    for stream in (False, True):
+        [call], chosen = openai.chat_request_to_pb({"messages": [USER], "tools": [WEATHER],
+                                                    "tool_choice": choice, "stream": stream})
+        answer = openai.CompletionAnswer([call], chosen)
+        if stream:
+            *_, last = [json.loads(event[len(b"data: "):])
+                        for response in pieces for event in answer.events(0, response)]
+            assert last["choices"][0]["finish_reason"] == reason
+        else:
+            for response in pieces:
+                answer.collect(0, response)
+            assert answer.reply()["choices"][0]["finish_reason"] == reason
 
 
 def test_reasoning_comes_as_reasoning_content_and_counts_in_usage() -> None:

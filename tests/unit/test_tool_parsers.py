@@ -134,6 +134,93 @@ def test_a_constrained_array_of_calls_and_a_named_tools_arguments() -> None:
     assert len([piece for piece in pieces if piece.tool_calls]) > 2  # as they are written
 
 
+# Calls written token by token as each format writes them, read piecewise (a streamed
+# answer): (parser, output, content, calls).
+PIECEWISE = [
+    ("hermes", "Let me look that up.\n" + hermes_call("get_weather", WEATHER) + "\n"
+     + hermes_call("get_time", TIME), "Let me look that up.",
+     [("get_weather", WEATHER), ("get_time", TIME)]),
+    ("llama3_json", "<|python_tag|>" + json.dumps({"name": "get_weather", "parameters": WEATHER})
+     + "; " + json.dumps({"name": "get_time", "parameters": TIME}), "",
+     [("get_weather", WEATHER), ("get_time", TIME)]),
+    ("mistral", "[TOOL_CALLS] " + json.dumps([{"name": "get_weather", "arguments": WEATHER},
+                                              {"name": "get_time", "arguments": TIME}]), "",
+     [("get_weather", WEATHER), ("get_time", TIME)]),
+]
+
+
+def piecewise(name: str) -> Callable[[], object]:
+    return lambda: TOOL_CALL_PARSERS[name](piecewise=True)
+
+
+@pytest.mark.parametrize("size", [1, 3])
+@pytest.mark.parametrize("name,output,content,calls", PIECEWISE)
+def test_read_piecewise_a_calls_arguments_come_as_the_model_writes_them(
+        name: str, output: str, content: str, calls: list, size: int) -> None:
+    pieces = streamed(piecewise(name), output, size)
+    assert total(pieces).content == content
+    assert calls_of(total(pieces)) == calls
+    assert not any("tool_call" in piece.content or "TOOL_CALLS" in piece.content
+                   or '"name"' in piece.content for piece in pieces)
+    for index, (_, arguments) in enumerate(calls):
+        first, *rest = [delta for piece in pieces for delta in piece.tool_calls
+                        if delta.index == index]
+        assert first.id and first.arguments == ""  # its id and name before its arguments
+        assert len(rest) >= len(json.dumps(arguments)) // size - 1  # a piece per feed
+        assert all(not delta.id for delta in rest)
+
+
+def test_read_piecewise_a_call_comes_out_once_its_name_is_whole() -> None:
+    parser = TOOL_CALL_PARSERS["hermes"](piecewise=True)
+    assert parser.feed('<tool_call>\n{"name": "get_wea').tool_calls == ()
+    assert parser.feed('ther", "arguments": ').tool_calls == ()
+    header, arguments = parser.feed('{"city": "Pa').tool_calls
+    assert (header.name, header.arguments) == ("get_weather", "")
+    assert arguments.arguments == '{"city": "Pa' and not arguments.id
+    rest = parser.feed('ris"}}\n</tool_call> Done.') + parser.finish()
+    assert [delta.arguments for delta in rest.tool_calls] == ['ris"}']
+    assert rest.content == " Done."
+
+
+def test_read_piecewise_a_call_cut_short_stays_a_call_and_its_text_never_content() -> None:
+    pieces = streamed(piecewise("hermes"), '<tool_call>{"name": "get_time", "arguments": '
+                      '{"zone": "Europe/Pa', 4)
+    assert total(pieces).content == ""
+    [header, *arguments] = total(pieces).tool_calls
+    assert header.name == "get_time"
+    assert "".join(delta.arguments for delta in arguments) == '{"zone": "Europe/Pa'
+
+
+@pytest.mark.parametrize("output, content", [
+    ('<tool_call>{"name": "get_time", "arguments": {zone}}</tool_call>',
+     '<tool_call>{"name": "get_time", "arguments": {zone}}</tool_call>'),
+    ('<tool_call>{"arguments": {"zone": "UTC"}, "name": "get_time"}</tool_call>', ""),
+])
+def test_read_piecewise_a_call_seen_whole_or_opening_otherwise_is_checked_whole(
+        output: str, content: str) -> None:
+    """A call whose name does not come first waits to come out whole; one that arrives
+    whole is checked first, and stays content where it is not a call."""
+    for size in (1, len(output)) if content == "" else (len(output),):
+        parsed = total(streamed(piecewise("hermes"), output, size))
+        assert parsed.content == content
+        assert calls_of(parsed) == ([] if content else [("get_time", {"zone": "UTC"})])
+
+
+def test_read_whole_a_calls_arguments_come_in_one_piece_once_it_parses() -> None:
+    pieces = streamed(TOOL_CALL_PARSERS["hermes"], hermes_call("get_weather", WEATHER), 1)
+    assert [len(piece.tool_calls) for piece in pieces if piece.tool_calls] == [2]
+
+
+def test_a_required_choices_calls_read_piecewise_stream_each_calls_arguments() -> None:
+    array = json.dumps([{"name": "get_weather", "arguments": WEATHER},
+                        {"name": "get_time", "arguments": TIME}])
+    pieces = streamed(lambda: required_calls(piecewise=True), array, 2)
+    assert calls_of(total(pieces)) == [("get_weather", WEATHER), ("get_time", TIME)]
+    for index, arguments in enumerate((WEATHER, TIME)):
+        assert len([delta for piece in pieces for delta in piece.tool_calls
+                    if delta.index == index]) > len(json.dumps(arguments)) // 2
+
+
 REASONING = [
     ("qwen3", "<think>\nThe user greets me.\n</think>\n\nHello!", "\nThe user greets me.\n",
      "Hello!"),
