@@ -136,6 +136,8 @@ class EngineCore:
         """Give the request blocks holding the prefilled tokens' KV, after any prefix this
         cache already holds; the rest of its prompt (at least its last token) is computed as
         usual. Where the pool is short it computes the whole prompt instead."""
+        if request.needs_prompt_logprobs:  # every prompt position's logits are computed here
+            return
         block_manager = self.scheduler.block_manager
         table = request.block_table
         num_tokens = len(prefilled.token_ids)

@@ -124,6 +124,8 @@ class Gateway:
         self.config = config
         self.lifecycle = Lifecycle()
         self.services = Services(upstream=Upstream(config.upstream), lifecycle=self.lifecycle,
+                                 prefill=None if config.prefill is None
+                                 else Upstream(config.prefill),
                                  metrics=GatewayMetrics(lambda: self.lifecycle.in_flight),
                                  max_body_bytes=config.max_body_bytes,
                                  admission=asyncio.Semaphore(config.max_connections))
@@ -174,6 +176,8 @@ class Gateway:
             server.ssl_options = context
         if upstream_credentials is not None:
             self.services.upstream.reload(upstream_credentials)
+            if self.services.prefill is not None:
+                self.services.prefill.reload(upstream_credentials)
         logger.info("TLS files reloaded: new connections use them")
 
     async def stop(self) -> None:
@@ -182,6 +186,8 @@ class Gateway:
         for server, _ in self._servers:
             await server.close_all_connections()
         await self.services.upstream.close()
+        if self.services.prefill is not None:
+            await self.services.prefill.close()
 
     def _groups(self) -> list[list[Plane]]:
         """Planes sharing a host and a fixed port are served together."""
@@ -225,7 +231,8 @@ async def serve(config: GatewayConfig, on_ready: Callable[[Mapping[str, str]], N
     loop.add_signal_handler(signal.SIGHUP, gateway.reload_tls)
     gateway.start()
     planes = ", ".join(f"{plane.value} on {address}" for plane, address in gateway.addresses.items())
-    logger.info("gateway ready: %s; upstream %s", planes, config.upstream.target)
+    logger.info("gateway ready: %s; upstream %s%s", planes, config.upstream.target,
+                "" if config.prefill is None else f", prefilled by {config.prefill.target}")
     on_ready({plane.value: address for plane, address in gateway.addresses.items()})
     await lifecycle.exit_requested.wait()
     logger.info("stopping: answering the requests in flight (signal again to stop at once)")

@@ -124,6 +124,9 @@ class GatewayConfig:
     client_timeout_s: float = DEFAULT_CLIENT_TIMEOUT_S
     max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
     max_client_connections: int | None = None
+    # Prefill/decode disaggregation coordinated here: the server that prefills, for
+    # `upstream` to decode (None: upstream does both).
+    prefill: UpstreamConfig | None = None
 
     def __post_init__(self) -> None:
         if sorted(plane.plane.value for plane in self.planes) != sorted(p.value for p in Plane):

@@ -13,6 +13,7 @@ import grpc
 
 from switchboard.gateway.errors import RequestError
 from switchboard.gateway.handler import METADATA_TIMEOUT_S, Handler, Services
+from switchboard.gateway.handoff import HandedOff
 from switchboard.gateway.protocols import mindie, openai, openai_responses, sagemaker, tgi, vllm
 from switchboard.gateway.protocols.exchange import Exchange, GenerationProtocol
 from switchboard.gateway.protocols.kserve import parse_json
@@ -25,7 +26,10 @@ class GenerationHandler(Handler):
     names → MindIE's)."""
 
     def generate(self, request: sb.GenerateRequest, deadline_s: float
-                 ) -> grpc.aio.UnaryStreamCall:
+                 ) -> grpc.aio.UnaryStreamCall | HandedOff:
+        prefill = self.services.prefill
+        if prefill is not None and HandedOff.applies_to(request):
+            return HandedOff(request, deadline_s, prefill, self.upstream, self.track)
         return self.track(self.upstream.generation.Generate(request, timeout=deadline_s))
 
     async def server_version(self) -> str:

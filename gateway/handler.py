@@ -42,6 +42,8 @@ class Services:
 
     upstream: Upstream
     lifecycle: Lifecycle
+    # The server that prefills for `upstream` to decode (see `handoff.py`), if one is set.
+    prefill: Upstream | None
     metrics: GatewayMetrics
     max_body_bytes: int
     # Inference requests forwarded at once (MindIE's maxLinkNum); the others wait in turn.

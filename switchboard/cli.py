@@ -210,8 +210,14 @@ def _add_gateway_arguments(parser: argparse.ArgumentParser, *, with_upstream: bo
     """The gateway's own flags, as {dest: option}."""
     add = _Flags(parser)
     if with_upstream:
-        add("--upstream", help=f"the gRPC server, HOST:PORT (default: the config file's "
-                               f"grpcIpAddress:grpcPort, else {DEFAULT_UPSTREAM})")
+        add("--upstream", "--decode",
+            help=f"the gRPC server, HOST:PORT (default: the config file's "
+                 f"grpcIpAddress:grpcPort, else {DEFAULT_UPSTREAM}); with --prefill, the one "
+                 "that decodes")
+        add("--prefill", metavar="HOST:PORT",
+            help="prefill/decode disaggregation coordinated by the gateway: the gRPC server "
+                 "that prefills each prompt for --upstream to decode (mutual TLS with the "
+                 "gateway's own certificate, as to --upstream)")
     add("--http-host", help=f"business plane address (default: {DEFAULT_HTTP_HOST})")
     add("--http-port", type=int,
         help=f"business plane port (default: {DEFAULT_BUSINESS_PORT}; 0 picks one)")
@@ -350,7 +356,9 @@ def gateway_config(args: argparse.Namespace) -> GatewayConfig:
                          client_timeout_s=settings.get("client_timeout", DEFAULT_CLIENT_TIMEOUT_S),
                          max_header_bytes=settings.get("max_header_bytes",
                                                        DEFAULT_MAX_HEADER_BYTES),
-                         max_client_connections=settings.get("max_client_connections"))
+                         max_client_connections=settings.get("max_client_connections"),
+                         prefill=UpstreamConfig(target=settings["prefill"], tls=client_files)
+                         if settings.get("prefill") else None)
 
 
 def _server_tls(args: argparse.Namespace, settings: dict[str, object]) -> TLSFiles:
