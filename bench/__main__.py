@@ -28,7 +28,7 @@ import torch
 import transformers
 from transformers import AutoTokenizer
 
-from bench import host_path, report
+from bench import host_path, prefill_decode, report
 from bench.baseline import Baseline
 from bench.grpc_load import run_level, secure_channel, speculation_counters
 from bench.levels import LevelResult
@@ -80,6 +80,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.host_path:
         return host_path.run(args.levels or host_path.LEVELS, args.out)
+    if args.prefill_decode:
+        return prefill_decode.run(args.out, ("--quantization", args.quantization))
     levels = args.levels or (QUICK_LEVELS if args.quick else FULL_LEVELS)
     new_tokens = args.max_new_tokens or (QUICK_NEW_TOKENS if args.quick else FULL_NEW_TOKENS)
     if new_tokens < 2:
@@ -263,6 +265,10 @@ def _parser() -> argparse.ArgumentParser:
                              "model in process and through gRPC, unary and streamed "
                              f"(levels {','.join(map(str, host_path.LEVELS))}); see "
                              "docs/host-path.md")
+    parser.add_argument("--prefill-decode", action="store_true",
+                        help="prefill/decode disaggregation instead: two servers, one "
+                             "prefilling and one decoding, against one server alone, and the "
+                             "KV transfer of a 1,000-token prompt; see docs/prefill-decode.md")
     parser.add_argument("--levels", type=_levels,
                         help="comma-separated numbers of concurrent streams "
                              f"(default: {','.join(map(str, FULL_LEVELS))})")

@@ -12,6 +12,7 @@ import asyncio
 import logging
 import resource
 import signal
+import ssl
 from collections import defaultdict
 from collections.abc import Callable, Mapping
 
@@ -23,11 +24,13 @@ from switchboard.gateway import management_handlers as management
 from switchboard.gateway import openapi
 from switchboard.gateway import triton_handlers as triton
 from switchboard.gateway.config import (CONNECTIONS_PER_LINK, MAX_DRAINED_BODY_BYTES, GatewayConfig,
-                                        Plane, PlaneConfig)
+                                        Plane, PlaneConfig, TLSMode)
 from switchboard.gateway.handler import Handler, NotFoundHandler, Services
 from switchboard.gateway.http_server import BoundedHTTPServer
 from switchboard.gateway.lifecycle import Lifecycle
 from switchboard.gateway.metrics import GatewayMetrics
+from switchboard.gateway.dresult import DResults
+from switchboard.gateway.roles import Roles
 from switchboard.gateway.upstream import Upstream
 
 logger = logging.getLogger(__name__)
@@ -82,6 +85,7 @@ ROUTES: dict[Plane, list[tuple[str, type[tornado.web.RequestHandler], str]]] = {
         (r"/ping", generation.PingHandler, "sagemaker_ping"),
         (r"/invocations", generation.InvocationsHandler, "sagemaker_invocations"),
         (r"/version", generation.VersionHandler, "vllm_version"),
+        (r"/dresult", management.DResultHandler, "mindie_dresult"),
         OPENAPI_ROUTE,
     ],
     Plane.MANAGEMENT: [
@@ -91,7 +95,7 @@ ROUTES: dict[Plane, list[tuple[str, type[tornado.web.RequestHandler], str]]] = {
         (r"/stopService", management.StopServiceHandler, "stop_service"),
         (r"/v1/config", management.ConfigHandler, "mindie_config"),
         (r"/v1/status", management.StatusHandler, "mindie_status"),
-        (r"/v1/role/(?P<role>[^/]+)", management.RoleHandler, "mindie_role"),
+        (r"/v1/role/(?P<role>prefill|decode|flex)", management.RoleHandler, "mindie_role"),
         (r"/metrics-json", management.MetricsJsonHandler, "metrics_json"),
         OPENAPI_ROUTE,
     ],
@@ -126,6 +130,8 @@ class Gateway:
         self.services = Services(upstream=Upstream(config.upstream), lifecycle=self.lifecycle,
                                  prefill=None if config.prefill is None
                                  else Upstream(config.prefill),
+                                 roles=Roles(self._management_port, self._peer_tls),
+                                 dresults=DResults(), peer_tls=self._peer_tls,
                                  metrics=GatewayMetrics(lambda: self.lifecycle.in_flight),
                                  max_body_bytes=config.max_body_bytes,
                                  admission=asyncio.Semaphore(config.max_connections))
@@ -180,7 +186,23 @@ class Gateway:
                 self.services.prefill.reload(upstream_credentials)
         logger.info("TLS files reloaded: new connections use them")
 
+    def _management_port(self) -> int:
+        return int(self.addresses[Plane.MANAGEMENT].rsplit(":", 1)[1])
+
+    def _peer_tls(self) -> ssl.SSLContext | None:
+        """How this gateway calls its peers' management planes: with its own certificate, as
+        it calls its server."""
+        files = self.config.upstream.tls
+        if self.config.plane(Plane.MANAGEMENT).tls_mode is TLSMode.NONE or files is None:
+            return None
+        context = ssl.create_default_context(cafile=str(files.ca_file))
+        context.load_cert_chain(str(files.cert_file), str(files.key_file),
+                                password=files.key_password)
+        return context
+
     async def stop(self) -> None:
+        await self.services.roles.close()
+        self.services.dresults.close()
         for server, _ in self._servers:
             server.stop()
         for server, _ in self._servers:

@@ -11,6 +11,7 @@ from typing import Any
 
 import grpc
 
+from switchboard.gateway import dmi
 from switchboard.gateway.errors import RequestError
 from switchboard.gateway.handler import METADATA_TIMEOUT_S, Handler, Services
 from switchboard.gateway.handoff import HandedOff
@@ -19,6 +20,7 @@ from switchboard.gateway.protocols.exchange import Exchange, GenerationProtocol
 from switchboard.gateway.protocols.kserve import parse_json
 from switchboard.proto import grpc_service_pb2 as pb
 from switchboard.proto import switchboard_pb2 as sb
+from switchboard.tls.pki import GATEWAY_IDENTITY
 
 
 class GenerationHandler(Handler):
@@ -80,7 +82,22 @@ class GenerationRoute(GenerationHandler):
     async def post(self) -> None:
         document = parse_json(self.body)
         self.speaker = self.protocol.speaking(document)
+        headers = self.request.headers
+        if dmi.is_prefill(headers):  # checked before the body: MindIE's order
+            request_id, target = dmi.checked_prefill(headers, self.services.roles,
+                                                     self.own_port())
         self.exchange = exchange = await self.speaker.exchange(document, self.served_model_name)
+        if dmi.is_prefill(headers):
+            self.write_json(await dmi.prefill_and_hand_over(
+                exchange, self.upstream, target, request_id, self.request.path, self.body,
+                self.services.peer_tls()))
+            return
+        if dmi.is_decode(headers):
+            if self.client_identity() != GATEWAY_IDENTITY:
+                raise RequestError(403, "only a prefill instance's gateway hands requests over")
+            dmi.start_decode(exchange, headers, self.upstream, self.services.dresults)
+            self.write_json({"isValidDecodeParameters": True})
+            return
         answer = exchange.answer
         responses = _merged([self.generate(request, exchange.deadline_s)
                              for request in exchange.requests])

@@ -7,6 +7,7 @@ import asyncio
 import functools
 import json
 import logging
+import ssl
 from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -23,6 +24,8 @@ from switchboard.gateway.errors import (CREDENTIAL_STATUSES, KSERVE_HTTP_STATUS,
                                         http_status)
 from switchboard.gateway.lifecycle import Lifecycle
 from switchboard.gateway.metrics import GatewayMetrics
+from switchboard.gateway.dresult import DResults
+from switchboard.gateway.roles import Roles
 from switchboard.gateway.sse import CONTENT_TYPE, sse_event
 from switchboard.gateway.upstream import Upstream
 from switchboard.proto import grpc_service_pb2 as pb
@@ -44,6 +47,13 @@ class Services:
     lifecycle: Lifecycle
     # The server that prefills for `upstream` to decode (see `handoff.py`), if one is set.
     prefill: Upstream | None
+    # MindIE's prefill/decode role of this instance (see `roles.py`), the stream its
+    # coordinator reads decoded results from (`dresult.py`), and how this gateway calls the
+    # gateways of its peers: with its own certificate, as it calls its server (None: plain
+    # HTTP, as its management plane speaks).
+    roles: Roles
+    dresults: DResults
+    peer_tls: Callable[[], ssl.SSLContext | None]
     metrics: GatewayMetrics
     max_body_bytes: int
     # Inference requests forwarded at once (MindIE's maxLinkNum); the others wait in turn.
@@ -198,6 +208,18 @@ class Handler(tornado.web.RequestHandler):
         elif not self._finished:
             self.set_status(CLIENT_CLOSED_REQUEST)
             self.finish()
+
+    def own_port(self) -> int:
+        """The port this request came in on."""
+        return self.request.connection.stream.socket.getsockname()[1]
+
+    def client_identity(self) -> str | None:
+        """The common name of the client's certificate (None without one)."""
+        certificate = self.request.get_ssl_certificate()
+        if not certificate:
+            return None
+        names = dict(pair for part in certificate.get("subject", ()) for pair in part)
+        return names.get("commonName")
 
     def finish_empty(self) -> None:
         """200 with no body, and so no Content-Type (Tornado's default is text/html)."""

@@ -12,6 +12,7 @@ import prometheus_client
 from switchboard.gateway.errors import RequestError, client_message
 from switchboard.gateway.handler import METADATA_TIMEOUT_S, Handler
 from switchboard.gateway.protocols import mindie, mindie_management
+from switchboard.gateway.protocols.kserve import parse_json
 from switchboard.proto import switchboard_pb2 as sb
 from switchboard.proto.constants import FORCED_STOP_S
 
@@ -87,7 +88,8 @@ class ConfigHandler(ManagementHandler):
 
 class StatusHandler(ManagementHandler):
     async def get(self) -> None:
-        self.write_json(mindie_management.status_json(await self.status()))
+        self.write_json(mindie_management.status_json(await self.status(),
+                                                      self.services.roles.status_json()))
 
 
 class MetricsJsonHandler(ManagementHandler):
@@ -98,9 +100,33 @@ class MetricsJsonHandler(ManagementHandler):
 
 
 class RoleHandler(ManagementHandler):
+    """MindIE's role assignment (see `roles.py`): 200 `{"result": "ok"}`, or its busy answer
+    while a switch is under way, which its controller retries."""
+
     async def post(self, role: str) -> None:
-        raise RequestError(501, f"assigning the role {role!r} needs prefill/decode "
-                           "disaggregation, which this server does not implement yet")
+        self.write_json({"result": self.services.roles.assign(role, parse_json(self.body))})
+
+
+class DResultHandler(ManagementHandler):
+    """MindIE's GET /dresult on the business plane (see `dresult.py`): a decode instance's
+    results for its coordinator, as long as the connection lasts."""
+
+    async def get(self) -> None:
+        role = self.services.roles.role
+        if role not in ("decode", "flex"):
+            raise RequestError(400, "Non DMI does not support dresult request" if role == "none"
+                               else f"Only the Decode node supports dresult but you send to "
+                                    f"{role}")
+        self.set_header("Content-Type", "text/event-stream")
+        dresults = self.services.dresults
+        stream = dresults.connect()
+        try:
+            async for chunk in stream.chunks():
+                if not await self.write_chunk(chunk):
+                    return
+            self.finish()
+        finally:
+            dresults.disconnect(stream)
 
 
 class MetricsHandler(Handler):

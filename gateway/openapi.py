@@ -35,6 +35,7 @@ from switchboard.gateway.handler import Handler
 from switchboard.gateway.protocols import mindie, openai, sagemaker, tgi
 from switchboard.gateway.protocols.exchange import GenerationProtocol
 from switchboard.gateway.protocols.mindie_management import MAX_HEALTH_TIMEOUT_S
+from switchboard.gateway.roles import NO_ROLE, ROLES, RoleStatus
 from switchboard.gateway.protocols.parameters import MAX_DEADLINE_S as MAX_TIMEOUT_S
 from switchboard.gateway.protocols.parameters import INT64_MAX, UINT32_MAX, UINT64_MAX
 from switchboard.gateway.sse import CONTENT_TYPE as SSE_CONTENT_TYPE
@@ -521,13 +522,23 @@ REPLIES: dict[str, JSON] = {
                         ["modelName", "maxSeqLen", "maxInputTokenLen", "maxOutputLen",
                          "maxBatchSize"]),
     "MindIEStatus": obj({
-        "service": obj({"roleStatus": {"type": "string", "enum": ["RoleReady", "RoleUnknown"]},
-                        "currentRole": STRING}, ["roleStatus", "currentRole"]),
+        "service": obj({"roleStatus": {"type": "string", "enum": [
+                            status.value for status in RoleStatus]},
+                        "currentRole": {"type": "string", "enum": [NO_ROLE, *ROLES]}},
+                       ["roleStatus", "currentRole"]),
         "resource": obj(counts("availSlotsNum", "availBlockNum", "waitingRequestNum",
                                "runningRequestNum", "swappedRequestNum", "freeNpuBlockNums",
                                "totalNpuBlockNums", "freeCpuBlockNums", "totalCpuBlockNums")),
-        "linkStatus": obj({"peers": {"type": "array"}}),
+        "linkStatus": obj({"peers": array(obj({"target": integer(0), "link": STRING},
+                                              ["target", "link"]))}),
     }, ["service", "resource", "linkStatus"]),
+    # MindIE's role body: this instance (`local`) and those of the other role (`peers`), each
+    # with Switchboard's `port`, its gateway's management port (roles.py checks the rest).
+    "MindIERole": obj({"local": {"type": "object"},
+                       "peers": array({"type": "object", "properties": {
+                           "id": integer(0), "server_ip": STRING,
+                           "port": integer(1, 65535)}})}, ["local"]),
+    "MindIERoleResult": obj({"result": STRING}, ["result"]),
     "MetricsJson": obj({"resultType": only("vector", STRING), "result": array(obj({
         "metric": array(obj({"__name__": STRING, "job": STRING, "instance": STRING})),
         "value": STRING}, ["metric", "value"]))}, ["resultType", "result"]),
@@ -776,7 +787,11 @@ OPERATIONS: dict[str, dict[str, Operation]] = {
     "mindie_config": {"get": Operation("MindIE's static configuration",
                                        json_reply("MindIEConfig"))},
     "mindie_status": {"get": Operation("MindIE's status", json_reply("MindIEStatus"))},
-    "mindie_role": {"post": Operation("Prefill/decode roles: not implemented (501)", None)},
+    "mindie_role": {"post": Operation("MindIE's prefill/decode role assignment",
+                                      json_reply("MindIERoleResult"), ref("MindIERole"))},
+    "mindie_dresult": {"get": Operation(
+        "MindIE's decode results for the coordinator (NUL-terminated records)",
+        {"text/event-stream": {"schema": STRING}})},
     "metrics_json": {"get": Operation("MindIE's JSON metrics", json_reply("MetricsJson"))},
     "metrics": {"get": Operation("Prometheus' text format",
                                  {"text/plain": {"schema": STRING}})},

@@ -74,7 +74,7 @@ class Server:
         self.stop_now = asyncio.Event()
 
     async def start(self) -> None:
-        inference = InferenceServicer(self._served, package_version())
+        inference = InferenceServicer(self._served, package_version(), self._handoff)
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(inference, self._grpc)
         sb_grpc.add_GenerationServicer_to_server(
             GenerationServicer(self._served, inference, self._handoff), self._grpc)

@@ -15,14 +15,17 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
+from google.protobuf import json_format
 
 from switchboard.engine.config import EngineLimits
 from switchboard.engine.errors import InvalidRequest
+from switchboard.engine.kv_transfer import KV_TRANSFER_FIELD
 from switchboard.engine.params import GenerationRequest
 from switchboard.engine.request import FinishReason, RequestOutput, RequestTimings
 from switchboard.engine.validation import MINDIE_SEED_RANGE, build_request
 from switchboard.proto import generation_fields
 from switchboard.proto import grpc_service_pb2 as pb
+from switchboard.proto import switchboard_pb2 as sb
 from switchboard.proto import tensor_bytes
 from switchboard.proto.tensor_bytes import serialize_bytes
 from switchboard.server import triton_vllm
@@ -77,6 +80,8 @@ class InferCall:
     vllm: VllmOptions | None = None
     # The outputs the request names; none: every output it produces (Triton's rule).
     requested_outputs: frozenset[str] = frozenset()
+    # vLLM's kv_transfer_params, sent as a JSON string parameter of that name.
+    kv_transfer: sb.KVTransferParams | None = None
 
     def wants(self, output: str) -> bool:
         return not self.requested_outputs or output in self.requested_outputs
@@ -102,6 +107,7 @@ class InferResult:
     finish_reason: FinishReason
     num_prompt_tokens: int
     seed: int
+    kv_transfer_id: str = ""
 
 
 def decode_infer_request(request: pb.ModelInferRequest) -> InferCall:
@@ -136,6 +142,7 @@ def decode_infer_request(request: pb.ModelInferRequest) -> InferCall:
         prompt = _text(tensor, raw)
     return InferCall(kind=kind, prompt=prompt, client_id=request.id, vllm=vllm,
                      requested_outputs=frozenset(output.name for output in request.outputs),
+                     kv_transfer=_kv_transfer(request.parameters),
                      parameters=parameters_from_pb(request.parameters) if vllm is None
                      else _vllm_parameters(request.parameters, controls))
 
@@ -229,6 +236,28 @@ def _field_name(call: InferCall, field: str) -> str:
     return field
 
 
+def _kv_transfer(parameters: Mapping[str, pb.InferParameter]) -> sb.KVTransferParams | None:
+    parameter = parameters.get(KV_TRANSFER_FIELD)
+    if parameter is None:
+        return None
+    if parameter.WhichOneof("parameter_choice") != "string_param":
+        raise InvalidRequest(KV_TRANSFER_FIELD, "must be a string_param holding vLLM's "
+                             "kv_transfer_params, a JSON object")
+    params = sb.KVTransferParams()
+    try:
+        json_format.Parse(parameter.string_param, params, ignore_unknown_fields=True)
+    except json_format.ParseError as error:
+        raise InvalidRequest(KV_TRANSFER_FIELD, str(error)) from None
+    return params
+
+
+def kv_transfer_parameter(params: sb.KVTransferParams) -> pb.InferParameter:
+    """A prefill's kv_transfer_params, as the JSON string parameter a request sends them in."""
+    return pb.InferParameter(string_param=json_format.MessageToJson(
+        params, preserving_proto_field_name=True, always_print_fields_with_no_presence=True,
+        indent=None))
+
+
 def parameters_from_pb(parameters: Mapping[str, pb.InferParameter]) -> dict[str, object]:
     """A KServe v2 request's parameters: those of `parameter_values` that its one-sequence,
     tensor-only responses can answer."""
@@ -251,7 +280,8 @@ def parameter_values(parameters: Mapping[str, pb.InferParameter]) -> dict[str, o
     """Request parameters under MindIE's names, with Triton's priority/timeout converted."""
     values: dict[str, object] = {}
     for name, parameter in parameters.items():
-        if name in TRITON_RESERVED_PARAMETERS or name.startswith("triton_"):
+        if name in TRITON_RESERVED_PARAMETERS or name.startswith("triton_") \
+                or name == KV_TRANSFER_FIELD:
             continue
         choice = parameter.WhichOneof("parameter_choice")
         if choice is None:
@@ -287,7 +317,7 @@ def aggregate(outputs: Iterable[RequestOutput]) -> InferResult:
         raise ValueError("a generation's events must end with a finished one")
     return InferResult(token_ids=tuple(token_ids), text="".join(text),
                        finish_reason=last.finish_reason, num_prompt_tokens=last.num_prompt_tokens,
-                       seed=last.seed)
+                       seed=last.seed, kv_transfer_id=last.kv_transfer_id)
 
 
 def infer_response(call: InferCall, model_name: str, result: InferResult) -> pb.ModelInferResponse:

@@ -4,7 +4,6 @@ log-probabilities, which KServe v2's tensors have no place for."""
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -58,14 +57,13 @@ class GenerationServicer(sb_grpc.GenerationServicer):
             values = requested_values(request)
             prompt_token_ids, plan = await _prompt(engine, request, values)
             spec = build_request(uuid.uuid4().hex, prompt_token_ids, values, engine.limits)
-            transfer = request.kv_transfer_params
-            spec = dataclasses.replace(spec, keep_kv=transfer.do_remote_decode)
-            prefilled = await self.handoff.read(transfer, engine.info.kv_layout) \
-                if transfer.do_remote_prefill else None
+            spec, prefilled = await self.handoff.prepared(
+                spec, request.kv_transfer_params if request.HasField("kv_transfer_params")
+                else None, engine)
             logger.info("request %s (client id %r): %d prompt tokens, generation%s",
                         spec.request_id, request.id, len(spec.prompt_token_ids),
                         "" if prefilled is None else
-                        f", {len(prefilled.token_ids)} prefilled at {transfer.remote_host}")
+                        f", {len(prefilled.token_ids)} prefilled elsewhere")
             tokens = TokenDescriber(engine)
             outputs: dict[int, ChatOutputParser] = {}
             async with contextlib.aclosing(self.served.generate(spec, request.id,

@@ -9,6 +9,7 @@ holds it may read that KV cache, as it could have sent the prompt itself.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -18,12 +19,13 @@ import torch
 
 from switchboard.engine.errors import EngineError, InvalidRequest
 from switchboard.engine.kv_transfer import KV_TRANSFER_FIELD, KVLayout, PrefilledKV
+from switchboard.engine.params import GenerationRequest
+from switchboard.engine.protocol import EngineClient
 from switchboard.proto import switchboard_pb2 as sb
 from switchboard.proto import switchboard_pb2_grpc as sb_grpc
 from switchboard.proto.constants import GRPC_MESSAGE_OPTIONS
 from switchboard.server.errors import refusal
 from switchboard.server.served_model import ServedModel
-from switchboard.server.servicer import engine_errors
 from switchboard.tls import TLSConfigError, TLSFiles
 
 logger = logging.getLogger(__name__)
@@ -51,10 +53,12 @@ class KVTransferServicer(sb_grpc.KVTransferServicer):
         for chunk in kv_chunks(kv):
             yield chunk
 
-    @engine_errors
     async def ReleaseKV(self, request: sb.ReleaseKVRequest, context: grpc.aio.ServicerContext
                         ) -> sb.ReleaseKVResponse:
-        self.served.ready_engine().release_kv(request.transfer_id)
+        try:
+            self.served.ready_engine().release_kv(request.transfer_id)
+        except EngineError as error:
+            await context.abort(*refusal(error))
         return sb.ReleaseKVResponse()
 
 
@@ -124,6 +128,17 @@ class KVHandoff:
 
     def listening(self, port: int) -> None:
         self._port = port
+
+    async def prepared(self, spec: GenerationRequest, transfer: sb.KVTransferParams | None,
+                       engine: EngineClient) -> tuple[GenerationRequest, PrefilledKV | None]:
+        """The request as its kv_transfer_params make it (a prefill kept for another server),
+        and the KV cache it reads first (a prefill done elsewhere), if any."""
+        if transfer is None:
+            return spec, None
+        spec = dataclasses.replace(spec, keep_kv=transfer.do_remote_decode)
+        if not transfer.do_remote_prefill:
+            return spec, None
+        return spec, await self.read(transfer, engine.info.kv_layout)
 
     def prefilled_here(self, transfer_id: str) -> sb.KVTransferParams:
         return sb.KVTransferParams(do_remote_prefill=True, remote_engine_id=self.engine_id,

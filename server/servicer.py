@@ -22,6 +22,7 @@ from switchboard.proto import grpc_service_pb2 as pb
 from switchboard.proto import grpc_service_pb2_grpc as pb_grpc
 from switchboard.server import codec, model_info
 from switchboard.server.errors import refusal
+from switchboard.server.kv_transfer import KV_TRANSFER_FIELD, KVHandoff
 from switchboard.server.metrics import execution_count
 from switchboard.server.served_model import ServedModel
 
@@ -70,9 +71,10 @@ def unsupported_rpcs_answer_unimplemented(servicer: type[ServicerClass]) -> type
 
 @unsupported_rpcs_answer_unimplemented
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, served: ServedModel, version: str) -> None:
+    def __init__(self, served: ServedModel, version: str, handoff: KVHandoff) -> None:
         self.served = served
         self.version = version
+        self.handoff = handoff
 
     async def ServerLive(self, request: pb.ServerLiveRequest, context: grpc.aio.ServicerContext
                          ) -> pb.ServerLiveResponse:
@@ -136,7 +138,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         call, events = await self._start(request)
         async with contextlib.aclosing(events):
             result = codec.aggregate([event async for event in events])
-        return codec.infer_response(call, self.served.model_name, result)
+        return self._handed_over(codec.infer_response(call, self.served.model_name, result),
+                                 result.kv_transfer_id)
 
     async def ModelStreamInfer(self, request_iterator: AsyncIterator[pb.ModelInferRequest],
                                context: grpc.aio.ServicerContext
@@ -166,11 +169,15 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 async with contextlib.aclosing(events):
                     if call.streams:
                         async for event in events:
-                            outbox.put_nowait(codec.stream_response(call, model_name, event,
-                                                                    special_token_ids))
+                            response = codec.stream_response(call, model_name, event,
+                                                             special_token_ids)
+                            self._handed_over(response.infer_response, event.kv_transfer_id)
+                            outbox.put_nowait(response)
                     else:
                         result = codec.aggregate([event async for event in events])
-                        outbox.put_nowait(codec.final_stream_response(call, model_name, result))
+                        response = codec.final_stream_response(call, model_name, result)
+                        self._handed_over(response.infer_response, result.kv_transfer_id)
+                        outbox.put_nowait(response)
             except EngineError as error:
                 outbox.put_nowait((request, error))
             except Exception:
@@ -211,6 +218,16 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         request_id = uuid.uuid4().hex
         spec = await codec.build_engine_request(call, request_id, engine.prompts.encode,
                                                 engine.limits)
+        spec, prefilled = await self.handoff.prepared(spec, call.kv_transfer, engine)
         logger.info("request %s (client id %r): %d prompt tokens, %s", request_id, call.client_id,
                     len(spec.prompt_token_ids), call.kind.name.lower())
-        return call, self.served.generate(spec, call.client_id)
+        return call, self.served.generate(spec, call.client_id, prefilled)
+
+    def _handed_over(self, response: pb.ModelInferResponse, kv_transfer_id: str
+                     ) -> pb.ModelInferResponse:
+        """A prefill's last response names where its KV cache is kept (vLLM's
+        kv_transfer_params, as the JSON string parameter a request sends them in)."""
+        if kv_transfer_id:
+            response.parameters[KV_TRANSFER_FIELD].CopyFrom(
+                codec.kv_transfer_parameter(self.handoff.prefilled_here(kv_transfer_id)))
+        return response

@@ -1,7 +1,7 @@
 """MindIE's management routes ⇄ switchboard.v1 Management and KServe v2: /health/timed[-N],
 /v1/config, /v1/status and /metrics-json.
 
-Switchboard is one instance, not a prefill/decode pair: its role is "none". MindIE's "Npu"
+The instance's prefill/decode role and its peers' links come from `roles.py`. MindIE's "Npu"
 block and memory fields describe the engine's KV cache on whatever device runs the model; its
 "Cpu" ones describe a swap space, which Switchboard does not have (0).
 """
@@ -15,7 +15,6 @@ from switchboard.proto import switchboard_pb2 as sb
 
 DEFAULT_HEALTH_TIMEOUT_S = 10
 MAX_HEALTH_TIMEOUT_S = 600
-CURRENT_ROLE = "none"
 GIB = 2**30
 MILLISECONDS = 1000
 
@@ -52,10 +51,14 @@ def config_json(model_name: str, parameters: Mapping[str, str]) -> dict[str, obj
     }
 
 
-def status_json(status: sb.GetStatusResponse) -> dict[str, object]:
+def status_json(status: sb.GetStatusResponse, roles: Mapping[str, Mapping[str, object]]
+                ) -> dict[str, object]:
+    """roles: the instance's prefill/decode `service` and `linkStatus` (see `roles.py`); the
+    role status is RoleUnknown while the server is not ready."""
+    service = roles["service"] if status.ready else {**roles["service"],
+                                                     "roleStatus": "RoleUnknown"}
     return {
-        "service": {"roleStatus": "RoleReady" if status.ready else "RoleUnknown",
-                    "currentRole": CURRENT_ROLE},
+        "service": service,
         "resource": {
             "availSlotsNum": status.free_slots,
             "availBlockNum": status.free_blocks,
@@ -67,7 +70,7 @@ def status_json(status: sb.GetStatusResponse) -> dict[str, object]:
             "totalNpuBlockNums": status.total_blocks,
             "totalCpuBlockNums": 0,
         },
-        "linkStatus": {"peers": []},
+        "linkStatus": roles["linkStatus"],
     }
 
 

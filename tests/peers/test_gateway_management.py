@@ -240,14 +240,18 @@ def test_metrics_count_each_request_once(gateway, client_files) -> None:
 
 # 4. Routes of prefill/decode disaggregation, and TGI's probes on the management plane ---------
 
-def test_assigning_a_role_is_not_implemented(gateway, client_files) -> None:
-    assert_mindie_error(management(gateway, client_files, "/v1/role/prefill", {}), 501,
-                        "Not Implemented")
+def test_a_role_body_mindie_refuses_is_422_naming_its_field(gateway, client_files) -> None:
+    """(tests/peers/test_prefill_decode.py assigns roles to a pair of its own.)"""
+    status, document = management(gateway, client_files, "/v1/role/prefill", {"peers": []})
+    assert status == 422 and document["error"].startswith("local: must be an object")
+    assert document["error_type"] == "Input Validation Error"
 
 
-def test_dresult_is_no_route(gateway, client_files) -> None:
+def test_dresult_outside_a_decode_role_is_400_as_mindie_answers(gateway, client_files) -> None:
     status, document = request(gateway.url("business"), client_files, "/dresult")
-    assert status == 404 and isinstance(document["error"], str), document
+    assert status == 400, document
+    assert document == {"error": "Non DMI does not support dresult request",
+                        "error_type": "Bad Request"}
 
 
 def test_health_and_info_answer_on_the_management_plane(gateway, grpc_server,

@@ -41,8 +41,7 @@ def deep_object(depth: int) -> str:
 @pytest.fixture(scope="module")
 def post_routes(gateway, client_files) -> list[tuple[str, str]]:
     """(plane, path) of every POST route the planes' documents list with a request body, path
-    parameters filled (one that takes no body, such as MindIE's /v1/role answering 501 until
-    prefill/decode is served, reads none to be malformed)."""
+    parameters filled."""
     routes = []
     for plane in PLANES:
         status, document = request(gateway.url(plane), client_files, "/openapi.json")

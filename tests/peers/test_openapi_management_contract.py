@@ -10,8 +10,9 @@ the metrics plane keeps a port of its own.
 Every operation tagged with the management plane is fuzzed (routes both planes serve, such as
 /health, included) with test_openapi_contract's narrowing, bounds, checks and MAX_EXAMPLES, each
 as a pytest subtest, except /stopService, which would stop the gateway. /v1/role/{role} stays:
-it answers 501 by design and the document declares it, so there (only) a 501 is no server
-error. Afterwards the gateway still answers and generates.
+it answers a first assignment without peers 503, as MindIE does, and the document declares
+it, so there (only) a 503 is no server error. Afterwards the gateway still answers and
+generates.
 
 Imports none of our packages at run time (see gateway_clients); their types are for checkers.
 """
@@ -36,10 +37,10 @@ if TYPE_CHECKING:
 
 # Ends the gateway (and the server behind it): never fuzzed.
 STOP_SERVICE = "/stopService"
-# Prefill/decode roles are not implemented: 501 by design, declared in the document, so not a
-# server error there (its other statuses are still checked as everywhere).
+# MindIE's role assignment answers 503 to a first one without peers: by design, declared in
+# the document, so not a server error there (its other statuses are checked as everywhere).
 ROLE = "/v1/role/{role}"
-ROLE_EXPECTED_STATUSES = ["2xx", "3xx", "4xx", "501"]
+ROLE_EXPECTED_STATUSES = ["2xx", "3xx", "4xx", "503"]
 
 
 def free_port() -> int:
@@ -74,7 +75,7 @@ def served_document(shared_port_gateway: GatewayProcess, client_files: ClientFil
 def management_operations(shared_port_gateway: GatewayProcess, client_files: ClientFiles,
                           served_document: dict) -> list[schemathesis.APIOperation]:
     """The operations of the served document, narrowed, that the management plane serves, but
-    /stopService; /v1/role/{role}'s declared 501 is no server error."""
+    /stopService; /v1/role/{role}'s declared 503 is no server error."""
     status, metadata = request(shared_port_gateway.url("business"), client_files,
                                f"/v2/models/{MODEL}")
     assert status == 200, metadata
@@ -112,9 +113,10 @@ def test_the_document_lists_the_business_and_management_routes(served_document: 
     assert "management" not in paths["/v2/models/{model}/generate"]["post"]["tags"]
 
 
-def test_the_role_route_declares_its_501(served_document: dict) -> None:
-    """/v1/role/{role} answers 501 by design: the contract says so, so it is fuzzed."""
-    assert "501" in served_document["paths"][ROLE]["post"]["responses"]
+def test_the_role_route_declares_its_503(served_document: dict) -> None:
+    """/v1/role/{role} answers a first assignment without peers 503, as MindIE does: the
+    contract says so, so it is fuzzed."""
+    assert "503" in served_document["paths"][ROLE]["post"]["responses"]
 
 
 def test_every_management_operation_keeps_its_contract(

@@ -14,15 +14,20 @@ used here.
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import socket
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
+import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 from conftest import own_service, start_gateway
-from gateway_clients import MODEL, fetch, poll, request
+from gateway_clients import MODEL, connect, fetch, poll, request
 
 LEASE_S = 2.0
 # The packaged model's weights unquantized: a quantized model's products take other kernels
@@ -192,3 +197,185 @@ def test_a_coordinator_whose_prefill_server_is_gone_has_the_decoder_compute(pki,
         reply = pair.call(gateway, "/v1/completions", completion(PROMPTS[0]))
     assert reply["choices"][0]["text"] == pair.call(
         pair.prefill, "/v1/completions", completion(PROMPTS[0]))["choices"][0]["text"]
+
+
+def test_kserve_clients_hand_a_prefill_over_as_a_string_parameter(servers, client_files,
+                                                                   pair) -> None:
+    """tritonclient over KServe v2 gRPC: the same JSON as a `kv_transfer_params` parameter."""
+    prefill_server, _, decode_server, _ = servers
+
+    def infer(address: str, **parameters):
+        prompt = grpcclient.InferInput("text_input", [1], "BYTES")
+        prompt.set_data_from_numpy(np.array([PROMPTS[2].encode()], dtype=np.object_))
+        with grpcclient.InferenceServerClient(
+                address, ssl=True, root_certificates=str(client_files.ca),
+                private_key=str(client_files.key),
+                certificate_chain=str(client_files.cert)) as client:
+            return client.infer(MODEL, [prompt], parameters={"max_new_tokens": 12, **parameters})
+
+    prefilled = infer(prefill_server.address, max_new_tokens=1,
+                      kv_transfer_params=json.dumps({"do_remote_decode": True}))
+    params = prefilled.get_response().parameters["kv_transfer_params"].string_param
+    assert json.loads(params)["do_remote_prefill"] is True
+    split = infer(decode_server.address, kv_transfer_params=params)
+    free, total = pair.free_blocks(pair.prefill)
+    assert free == total  # read and released by the decode server, not left to the lease
+    alone = infer(prefill_server.address)
+    assert split.as_numpy("text_output")[0] == alone.as_numpy("text_output")[0]
+    pair.assert_no_block_kept()
+
+
+# MindIE's roles, PD headers and /dresult --------------------------------------------------------
+
+DEVICE = {"device_ip": "127.0.0.1", "device_id": "0", "device_logical_id": "0"}
+
+
+def instance(identifier: int, gateway) -> dict[str, object]:
+    """MindIE's role body's description of an instance, with Switchboard's `port`: its
+    gateway's management port."""
+    return {"server_ip": "127.0.0.1", "id": identifier, "host_ip": "127.0.0.1",
+            "device": [DEVICE], "port": urlsplit(gateway.url("management")).port}
+
+
+class DResultReader:
+    """GET /dresult, read in a thread: the records so far (NUL-terminated, in order)."""
+
+    def __init__(self, gateway, files) -> None:
+        self.connection = connect(gateway.url("business"), files)
+        self.connection.request("GET", "/dresult")
+        self.response = self.connection.getresponse()
+        self.data = b""
+        self.ended = threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        with contextlib.suppress(OSError, ValueError, AttributeError, http.client.HTTPException):
+            while chunk := self.response.read1():
+                self.data += chunk
+        self.ended.set()
+
+    def records(self) -> list[bytes]:
+        return self.data.split(b"\0")[:-1]
+
+    def wait_for(self, record: bytes, within_s: float) -> list[bytes]:
+        records, _ = poll(self.records, lambda found: record in found, within_s)
+        assert record in records, records
+        return records
+
+    def results(self, request_id: str) -> list[tuple[str, bytes]]:
+        """The (kind, body) records of one request."""
+        records, found = self.records(), []
+        for name, record in zip(records, records[1:]):
+            if name == b"reqId:" + request_id.encode():
+                kind, _, body = record.partition(b":")
+                found.append((kind.decode(), body))
+        return found
+
+    def close(self) -> None:
+        self.connection.close()
+
+
+@pytest.fixture(scope="module")
+def roles_assigned(pair) -> Pair:
+    status, reply = request(pair.decode.url("management"), pair.files, "/v1/role/decode",
+                            {"local": instance(2, pair.decode),
+                             "peers": [instance(1, pair.prefill)]})
+    assert (status, reply) == (200, {"result": "ok"})
+    status, reply = request(pair.prefill.url("management"), pair.files, "/v1/role/prefill",
+                            {"local": instance(1, pair.prefill),
+                             "peers": [instance(2, pair.decode)]})
+    assert (status, reply) == (200, {"result": "ok"})
+    for gateway in (pair.prefill, pair.decode):
+        ready, _ = poll(lambda: request(gateway.url("management"), pair.files, "/v1/status")[1],
+                        lambda status: status["service"]["roleStatus"] == "RoleReady", 10)
+        assert ready["linkStatus"] == {"peers": [{"target": 2 if gateway is pair.prefill
+                                                  else 1, "link": "ok"}]}
+    return pair
+
+
+def test_roles_are_reported_as_mindie_reports_them(roles_assigned) -> None:
+    pair = roles_assigned
+    for gateway, role in ((pair.prefill, "prefill"), (pair.decode, "decode")):
+        status, reply = request(gateway.url("management"), pair.files, "/v1/status")
+        assert reply["service"] == {"roleStatus": "RoleReady", "currentRole": role}
+    status, reply = request(pair.decode.url("management"), pair.files, "/v1/role/primary", {})
+    assert status == 404
+    status, reply = fetch(pair.prefill.url("business"), pair.files, "/dresult")
+    assert status == 400 and b"Only the Decode node supports dresult" in reply
+
+
+def test_a_prefill_handed_over_streams_its_answer_on_the_decoders_dresult(
+        roles_assigned) -> None:
+    pair = roles_assigned
+    body = {"model": MODEL, "max_tokens": 12, "temperature": 0, "stream": True,
+            "messages": [{"role": "user", "content": "What is the capital of France?"}]}
+    alone = pair.call(pair.decode, "/v1/chat/completions", {**body, "stream": False})
+    reader = DResultReader(pair.decode, pair.files)
+    try:
+        headers = {"req-type": "prefill", "req-id": "a1b2c3",
+                   "d-target": f"127.0.0.1;{urlsplit(pair.decode.url('business')).port}"}
+        status, reply = post(pair.prefill, pair.files, "/v1/chat/completions", body, headers)
+        assert (status, reply) == (200, {"reqId": "a1b2c3", "isStream": True,
+                                         "isLastResp": False, "output": ""})
+        reader.wait_for(b"lastData:data: [DONE]\n\n", within_s=60)
+        results = reader.results("a1b2c3")
+        assert [kind for kind, _ in results] == ["data"] * (len(results) - 1) + ["lastData"]
+        chunks = [json.loads(body.removeprefix(b"data: ")) for kind, body in results[:-1]]
+        assert "".join(chunk["choices"][0]["delta"].get("content") or "" for chunk in chunks
+                       if chunk["choices"]) == alone["choices"][0]["message"]["content"]
+
+        status, reply = post(pair.prefill, pair.files, "/v1/completions",
+                             {**completion(PROMPTS[0])}, {**headers, "req-id": "ff01"})
+        assert (status, reply) == (200, {"reqId": "ff01", "isStream": False})
+        reader.wait_for(b"reqId:ff01", within_s=60)
+        [(kind, whole)] = reader.results("ff01")
+        assert kind == "lastData"
+        assert json.loads(whole)["choices"][0]["text"] == pair.call(
+            pair.decode, "/v1/completions", completion(PROMPTS[0]))["choices"][0]["text"]
+    finally:
+        reader.close()
+    pair.assert_no_block_kept()
+
+
+def test_dresult_beats_when_idle_and_a_new_connection_replaces_the_old(roles_assigned) -> None:
+    pair = roles_assigned
+    first = DResultReader(pair.decode, pair.files)
+    try:
+        first.wait_for(b"ka:heartbeat", within_s=8)
+        second = DResultReader(pair.decode, pair.files)
+        try:
+            first.wait_for(b"close:new connection is to established, close the old one.",
+                           within_s=3)
+            assert first.ended.wait(3)
+            assert b"reqId:0xffffffffffffffff" in first.records()
+        finally:
+            second.close()
+    finally:
+        first.close()
+
+
+def test_dmi_requests_are_refused_as_mindie_refuses_them(roles_assigned) -> None:
+    pair = roles_assigned
+    body = completion(PROMPTS[0])
+    for headers, message in (
+            ({"req-type": "prefill", "req-id": "ab"}, "must have req-type, req-id, d-target"),
+            ({"req-type": "prefill", "req-id": "xyz", "d-target": "127.0.0.1"}, "hex char"),
+            ({"req-type": "decode", "req-id": "ab", "d-target": "127.0.0.1"}, "must be prefill"),
+            ({"req-type": "prefill", "req-id": "ab", "d-target": "decoder"}, "IPv4")):
+        status, reply = post(pair.prefill, pair.files, "/v1/completions", body, headers)
+        assert status == 400 and message in reply["error"]["message"], reply
+    # Only a gateway hands a request over to a decoder.
+    status, reply = post(pair.decode, pair.files, "/v1/completions", body,
+                         {"req-id": "ab", "x-switchboard-kv-transfer": "{}"})
+    assert status == 403, reply
+
+
+def post(gateway, files, path: str, body: dict, headers: dict) -> tuple[int, object]:
+    connection = connect(gateway.url("business"), files)
+    try:
+        connection.request("POST", path, json.dumps(body),
+                           {"Content-Type": "application/json", **headers})
+        response = connection.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        connection.close()

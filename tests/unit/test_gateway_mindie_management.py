@@ -7,6 +7,7 @@ import asyncio
 
 import pytest
 
+from switchboard.gateway.roles import Roles
 from switchboard.gateway.errors import RequestError
 from switchboard.gateway.lifecycle import Lifecycle
 from switchboard.gateway.protocols.mindie_management import (GIB, config_json, health_timeout, metrics_json,
@@ -51,7 +52,8 @@ def test_config_before_the_model_is_loaded_is_unavailable() -> None:
 def test_status_reports_the_role_and_resources(ready: bool, role_status: str) -> None:
     status = status_json(sb.GetStatusResponse(
         ready=ready, max_running_requests=8, running_requests=2, waiting_requests=1,
-        free_slots=5, free_blocks=25, total_blocks=100))
+        free_slots=5, free_blocks=25, total_blocks=100),
+        Roles(lambda: 1026, lambda: None).status_json())
     assert status["service"] == {"roleStatus": role_status, "currentRole": "none"}
     assert status["resource"] == {
         "availSlotsNum": 5, "availBlockNum": 25, "waitingRequestNum": 1, "runningRequestNum": 2,

@@ -53,8 +53,8 @@ def test_chat_tokens_are_those_of_the_templated_text_with_their_spans_in_it() ->
     served.engine = CharacterEngine()
     request = sb.TokenizeRequest(messages=sb.ChatMessages(
         messages=[sb.ChatMessage(role="user", content="Hi")]))
-    servicer = GenerationServicer(served, InferenceServicer(served, "test"),
-                                  KVHandoff(None, "localhost"))
+    handoff = KVHandoff(None, "localhost")
+    servicer = GenerationServicer(served, InferenceServicer(served, "test", handoff), handoff)
     response = asyncio.run(servicer.Tokenize(request, None))
     assert response.templated_text == TEMPLATED
     assert list(response.ids) == [ord(character) for character in TEMPLATED]
