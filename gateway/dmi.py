@@ -96,6 +96,8 @@ async def prefill_and_hand_over(exchange: Exchange, upstream: Upstream, target: 
     async for response in upstream.generation.Generate(prefill, timeout=exchange.deadline_s):
         if response.HasField("kv_transfer_params"):
             params = response.kv_transfer_params
+    if params is None:  # a refused or failed prefill ends with its error status instead
+        raise RequestError(500, "[P Node] the prefill kept no KV cache to hand over")
     scheme = "http" if client_tls is None else "https"
     try:
         await AsyncHTTPClient().fetch(HTTPRequest(
