@@ -29,7 +29,9 @@ STREAMS = (1, 4)
 REQUESTS = 8
 PROMPT_TOKENS = (200, 400)
 NEW_TOKENS = 32
-FIRST_TOKEN_ID = 100  # prompts are runs of ordinary tokens of the model's vocabulary
+# Prompts are ordinary tokens of the model's vocabulary, these ids on.
+FIRST_TOKEN_ID = 100
+VOCABULARY_SPAN = 40_000
 
 Timed = tuple[float, int]  # (seconds to the first token, tokens generated)
 
@@ -94,7 +96,8 @@ async def _transfer_seconds(prefill: sb_grpc.GenerationStub,
     """The best of TRANSFER_TURNS reads of a 1,000-token prompt's KV cache, and its bytes."""
     times, size = [], 0
     for turn in range(TRANSFER_TURNS):
-        prompt = [FIRST_TOKEN_ID + turn + i % 500 for i in range(TRANSFER_PROMPT_TOKENS)]
+        prompt = [FIRST_TOKEN_ID + (turn * 7919 + i * 13) % VOCABULARY_SPAN
+                  for i in range(TRANSFER_PROMPT_TOKENS)]
         *_, params = await _generate(prefill, prompt, 1,
                                      sb.KVTransferParams(do_remote_decode=True))
         start = time.perf_counter()
@@ -103,6 +106,12 @@ async def _transfer_seconds(prefill: sb_grpc.GenerationStub,
         times.append(time.perf_counter() - start)
         await kv.ReleaseKV(sb.ReleaseKVRequest(transfer_id=params.remote_request_id))
     return min(times), size
+
+
+def _prompts(run: int) -> list[tuple[int, ...]]:
+    """Prompts of their own for each run: no run finds another's in a prefix cache."""
+    return [tuple(FIRST_TOKEN_ID + ((run * REQUESTS + i) * 997 + j * 13) % VOCABULARY_SPAN
+                  for j in range(PROMPT_TOKENS[i % 2])) for i in range(REQUESTS)]
 
 
 async def _measure(prefill_address: str, decode_address: str, pki: DevPKIPaths
@@ -114,14 +123,14 @@ async def _measure(prefill_address: str, decode_address: str, pki: DevPKIPaths
         decode = sb_grpc.GenerationStub(to_decode)
         transfer_s, transfer_bytes = await _transfer_seconds(prefill,
                                                              sb_grpc.KVTransferStub(to_prefill))
-        prompts = [tuple(FIRST_TOKEN_ID + (i * 7 + j) % 1000
-                         for j in range(PROMPT_TOKENS[i % 2])) for i in range(REQUESTS)]
-        await _alone(decode, prompts[0])  # warm-up
+        runs = iter(range(1, 2 * len(STREAMS) + 1))
+        await _alone(decode, _prompts(0)[0])  # warm-up
         levels = {}
         for streams in STREAMS:
             levels[streams] = {
-                "one server": await _level(streams, prompts, lambda p: _alone(decode, p)),
-                "prefill + decode": await _level(streams, prompts,
+                "one server": await _level(streams, _prompts(next(runs)),
+                                           lambda p: _alone(decode, p)),
+                "prefill + decode": await _level(streams, _prompts(next(runs)),
                                                  lambda p: _split(prefill, decode, p))}
     return {"transfer_seconds": transfer_s, "transfer_bytes": transfer_bytes,
             "levels": levels}
