@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 from conftest import own_service, start_gateway
-from gateway_clients import MODEL, connect, fetch, poll, request
+from gateway_clients import MODEL, OpenStream, connect, fetch, poll, request
 
 LEASE_S = 2.0
 # The packaged model's weights unquantized: a quantized model's products take other kernels
@@ -185,6 +185,20 @@ def test_a_gateway_coordinating_the_pair_answers_as_one_instance(pki, servers, p
     assert usage["prompt_tokens_details"]["cached_tokens"] == usage["prompt_tokens"] - 1
     assert status == 200 and len(reply["choices"]) == 2  # n > 1: decoded where prefilled
     pair.assert_no_block_kept()
+
+
+def test_a_client_leaving_a_coordinated_stream_leaves_no_block_kept(pki, servers, pair) -> None:
+    prefill_server, _, decode_server, _ = servers
+    with coordinator(pki, prefill_server.address, decode_server.address) as gateway:
+        connection = connect(gateway.url("business"), pair.files)
+        connection.request("POST", "/v1/completions", json.dumps(
+            {**completion(PROMPTS[5]), "max_tokens": 2000, "stream": True}),
+            {"Content-Type": "application/json"})
+        response = connection.getresponse()
+        assert response.status == 200
+        assert response.readline().startswith(b"data: ")  # decoding has begun
+        OpenStream(connection, response).drop()
+        pair.assert_no_block_kept()
 
 
 def test_a_coordinator_whose_prefill_server_is_gone_has_the_decoder_compute(pki, servers,
