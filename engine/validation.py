@@ -3,8 +3,7 @@
 Parameter names, ranges and defaults are MindIE's (its Triton text/token interface table);
 callers translate their protocol's names and units to these before calling. One exception:
 the engine takes any uint64 seed, 0 included (TGI's u64, which OpenAI's and vLLM's seeds are
-translated onto); MindIE's interfaces document (0, 2^64 - 1], which the KServe v2 service
-and MindIE's native routes ask for with `seed_range=MINDIE_SEED_RANGE`.
+translated onto); MindIE's interfaces, which document (0, 2^64 - 1], refuse 0 themselves.
 """
 
 from __future__ import annotations
@@ -74,8 +73,6 @@ INT_RANGES: dict[str, Interval] = {
     "best_of": Interval(1, MAX_SEQUENCES),
     "truncate": Interval(1, INT32_MAX),
 }
-# MindIE's documented seed range: its protocols refuse 0.
-MINDIE_SEED_RANGE = Interval(1, UINT64_MAX)
 # OpenAI's range for a token's logit bias.
 LOGIT_BIAS_RANGE = Interval(-100.0, 100.0)
 BOOL_PARAMS = ("do_sample", "ignore_eos", "logprobs", "prompt_logprobs",
@@ -91,10 +88,8 @@ SUPPORTED_PARAMS = frozenset(FLOAT_RANGES) | frozenset(INT_RANGES) | frozenset(B
 
 
 def build_request(request_id: str, prompt_token_ids: Sequence[int],
-                  parameters: Mapping[str, object], limits: EngineLimits,
-                  seed_range: Interval = INT_RANGES["seed"]) -> GenerationRequest:
-    """Validate a prompt and its parameters against the engine's limits; `seed_range` is the
-    calling protocol's (MINDIE_SEED_RANGE for MindIE's).
+                  parameters: Mapping[str, object], limits: EngineLimits) -> GenerationRequest:
+    """Validate a prompt and its parameters against the engine's limits.
 
     Raises InvalidRequest (or PromptTooLong) whose `field` names the offending parameter;
     a prompt problem names the field "prompt".
@@ -104,8 +99,7 @@ def build_request(request_id: str, prompt_token_ids: Sequence[int],
         raise InvalidRequest(unknown[0], "unknown parameter; supported parameters are "
                              + ", ".join(sorted(SUPPORTED_PARAMS)))
     floats = {name: _float(parameters, name, interval) for name, interval in FLOAT_RANGES.items()}
-    ints = {name: _int(parameters, name, interval)
-            for name, interval in {**INT_RANGES, "seed": seed_range}.items()}
+    ints = {name: _int(parameters, name, interval) for name, interval in INT_RANGES.items()}
     if ints["truncate"]:
         # TGI's truncate: keep the prompt's last tokens.
         prompt_token_ids = prompt_token_ids[-ints["truncate"]:]

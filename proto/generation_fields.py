@@ -30,6 +30,8 @@ SCHEMA_FIELDS = frozenset({"guided_json"})
 # post-processing (MindIE answers a request that asks for it), `batch_size` is the server's.
 MINDIE_IGNORED_FLAGS = ("details", "perf_stat", "watermark")
 MINDIE_IGNORED_COUNT = "batch_size"
+# MindIE's interfaces document its seeds in [1, 2^64 - 1]; the engine takes 0 too (TGI's u64).
+MINDIE_MIN_SEED = 1
 
 
 class FieldError(ValueError):
@@ -58,8 +60,13 @@ def fill(request: sb.GenerateRequest, values: Mapping[str, object]) -> None:
         _set(message, field, name, value)
 
 
-def without_mindie_ignored(values: Mapping[str, object]) -> dict[str, object]:
-    """`values` less what MindIE accepts without effect, which must still be well formed."""
+def under_mindie_rules(values: Mapping[str, object]) -> dict[str, object]:
+    """`values` as MindIE's interfaces take them: less what MindIE accepts without effect,
+    which must still be well formed, and with a positive seed."""
+    seed = values.get("seed")
+    if seed == 0 and not isinstance(seed, bool):
+        raise FieldError("seed", f"must be in [{MINDIE_MIN_SEED}, {UINT64_RANGE.stop - 1}]; "
+                         "got 0 (MindIE's seeds are positive)")
     for name in MINDIE_IGNORED_FLAGS:
         if values.get(name) is not None and not isinstance(values[name], bool):
             raise FieldError(name, f"must be true or false; got {_json(values[name])}")

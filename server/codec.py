@@ -22,7 +22,7 @@ from switchboard.engine.errors import InvalidRequest
 from switchboard.engine.kv_transfer import KV_TRANSFER_FIELD
 from switchboard.engine.params import GenerationRequest
 from switchboard.engine.request import FinishReason, RequestOutput, RequestTimings
-from switchboard.engine.validation import MINDIE_SEED_RANGE, build_request
+from switchboard.engine.validation import build_request
 from switchboard.proto import generation_fields
 from switchboard.proto import grpc_service_pb2 as pb
 from switchboard.proto import switchboard_pb2 as sb
@@ -198,18 +198,17 @@ def check_client_id(client_id: str) -> None:
 async def build_engine_request(call: InferCall, request_id: str,
                                encode: Callable[[str], Awaitable[list[int]]],
                                limits: EngineLimits) -> GenerationRequest:
-    """Validate through the engine's one validation, with MindIE's seed range (this is its
+    """Validate through the engine's one validation, under MindIE's rules (this is its
     Triton interface) or vLLM's (its backend's interface, whose errors name vLLM's fields);
     prompt errors name the input tensor."""
     try:
         token_ids = await encode(call.prompt) if isinstance(call.prompt, str) else call.prompt
         if call.vllm is None:
-            parameters = generation_fields.without_mindie_ignored(call.parameters)
+            parameters = typed(call.parameters, mindie=True)
             if call.describes_tokens:
                 # The log-probabilities of the tokens a request's details describe.
                 parameters["logprobs"] = True
-            return build_request(request_id, token_ids, typed(parameters), limits,
-                                 seed_range=MINDIE_SEED_RANGE)
+            return build_request(request_id, token_ids, parameters, limits)
         return build_request(request_id, token_ids, typed(call.parameters), limits)
     except InvalidRequest as error:
         field = _field_name(call, error.field)
@@ -218,11 +217,13 @@ async def build_engine_request(call: InferCall, request_id: str,
         raise type(error)(field, error.reason) from None
 
 
-def typed(values: Mapping[str, object]) -> dict[str, object]:
+def typed(values: Mapping[str, object], mindie: bool = False) -> dict[str, object]:
     """A KServe request's parameters as switchboard.v1's typed fields carry them, so that
-    their types are checked as every protocol's are (generation_fields)."""
+    their types are checked as every protocol's are (generation_fields); `mindie`: under
+    MindIE's rules, as its interfaces take them."""
     try:
-        return generation_fields.typed_values(values)
+        return generation_fields.typed_values(
+            generation_fields.under_mindie_rules(values) if mindie else values)
     except generation_fields.FieldError as error:
         raise InvalidRequest(error.field, error.reason) from None
 

@@ -96,7 +96,9 @@ def parameter_notes(validation) -> dict[str, Note]:
     """Every parameter the engine accepts, with its meaning (names and ranges quoted from
     `validation`, the engine's validation module)."""
     from switchboard.engine.params import DEFAULT_PRIORITY, DEFAULT_TIMEOUT_S
+    from switchboard.proto.generation_fields import MINDIE_MIN_SEED
 
+    mindie_seeds = dataclasses.replace(validation.INT_RANGES["seed"], low=MINDIE_MIN_SEED)
     hints = ", ".join(f"`{name}`" for name in validation.SAMPLING_HINTS)
     return {
         "do_sample": Note("sample rather than decode greedily", default=f"sample if any of "
@@ -111,7 +113,7 @@ def parameter_notes(validation) -> dict[str, Note]:
         "presence_penalty": Note("over the generated tokens (OpenAI's)"),
         "frequency_penalty": Note("over the generated tokens (OpenAI's)"),
         "seed": Note(f"the sampling seed; MindIE's routes and KServe v2 take "
-                     f"{_interval(validation.MINDIE_SEED_RANGE)}, as MindIE documents it",
+                     f"{_interval(mindie_seeds)}, as MindIE documents it",
                      default="drawn, reported back: send it again to reproduce a sampled "
                      "answer"),
         "max_new_tokens": Note("the most tokens to generate, capped by `maxIterTimes` and by "

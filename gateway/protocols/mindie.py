@@ -19,7 +19,7 @@ from switchboard.gateway.errors import KSERVE_HTTP_STATUS, bad_request
 from switchboard.gateway.protocols.exchange import Answer, Exchange, GenerationProtocol, ServedModel
 from switchboard.gateway.protocols.generation import PROMPT, Generation, generate_request, optional_bool
 from switchboard.gateway.protocols.kserve import optional_string, require_object, required_string
-from switchboard.gateway.protocols.parameters import UINT64_MAX, json_type
+from switchboard.gateway.protocols.parameters import json_type
 from switchboard.gateway.sse import sse_event
 from switchboard.proto import generation_fields
 from switchboard.proto import switchboard_pb2 as sb
@@ -58,13 +58,9 @@ def infer_request_to_pb(document: object, tokens: bool
         raise bad_request(PROMPT, "unknown parameter: the prompt is the request's own field")
     details = optional_bool(parameters, "details")
     try:
-        parameters = generation_fields.without_mindie_ignored(parameters)
+        parameters = generation_fields.under_mindie_rules(parameters)
     except generation_fields.FieldError as error:
         raise bad_request(error.field, error.reason) from None
-    seed = parameters.get("seed")
-    if seed == 0 and not isinstance(seed, bool):
-        raise bad_request("seed", f"must be in [1, {UINT64_MAX}]; got 0 (MindIE's seeds are "
-                          "positive)")
     request, deadline_s = generate_request("", prompt, parameters,
                                            optional_string(document, "id"),
                                            names=TOKEN_NAMES if tokens else NAMES)

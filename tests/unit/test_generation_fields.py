@@ -45,8 +45,8 @@ def test_a_second_output_pattern_is_refused() -> None:
 
 
 def test_what_mindie_accepts_without_effect_is_checked_then_dropped() -> None:
-    assert fields.without_mindie_ignored({"watermark": True, "details": False,
-                                          "perf_stat": True, "batch_size": 4, "seed": 9}) \
+    assert fields.under_mindie_rules({"watermark": True, "details": False,
+                                      "perf_stat": True, "batch_size": 4, "seed": 9}) \
         == {"seed": 9}
 
 
@@ -55,5 +55,16 @@ def test_what_mindie_accepts_without_effect_is_checked_then_dropped() -> None:
                                          ("batch_size", True), ("batch_size", "x")])
 def test_what_mindie_accepts_without_effect_must_still_be_well_formed(name, value) -> None:
     with pytest.raises(fields.FieldError) as refused:
-        fields.without_mindie_ignored({name: value})
+        fields.under_mindie_rules({name: value})
     assert refused.value.field == name
+
+
+def test_mindies_seeds_are_positive() -> None:
+    """Seed 0, which the engine takes (TGI's u64), is refused on MindIE's interfaces, native
+    and Triton alike, by this one rule."""
+    with pytest.raises(fields.FieldError) as refused:
+        fields.under_mindie_rules({"seed": 0})
+    assert (refused.value.field, refused.value.reason) == (
+        "seed", f"must be in [1, {fields.UINT64_RANGE.stop - 1}]; got 0 (MindIE's seeds are "
+        "positive)")
+    assert fields.under_mindie_rules({"seed": 1}) == {"seed": 1}

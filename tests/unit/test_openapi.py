@@ -6,6 +6,7 @@ gateway is tests/peers/test_openapi_contract.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Iterator
@@ -131,7 +132,9 @@ def test_request_parameters_have_the_engines_ranges(name: str) -> None:
     assert name in validation.SUPPORTED_PARAMS
     if name in validation.INT_RANGES:
         # These are MindIE's routes' and Triton's: MindIE's seeds.
-        interval = validation.MINDIE_SEED_RANGE if name == "seed" else validation.INT_RANGES[name]
+        interval = validation.INT_RANGES[name]
+        if name == "seed":
+            interval = dataclasses.replace(interval, low=generation_fields.MINDIE_MIN_SEED)
         assert (schema["type"], schema["minimum"], schema["maximum"]) == (
             "integer", interval.low, interval.high)
     elif name in validation.FLOAT_RANGES:
