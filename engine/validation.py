@@ -87,6 +87,33 @@ SUPPORTED_PARAMS = frozenset(FLOAT_RANGES) | frozenset(INT_RANGES) | frozenset(B
     | {"stop", "stop_token_ids", "logit_bias", "allowed_token_ids"}
 
 
+@dataclass(frozen=True, slots=True)
+class ParameterLimits:
+    """What `build_request` accepts of a parameter beyond its type: a number's interval (a
+    map's values'), a list's fewest and most items, a string's (each string's of a list)
+    fewest characters."""
+
+    interval: Interval | None = None
+    min_items: int = 0
+    max_items: int | None = None
+    min_length: int = 0
+
+
+def parameter_limits(limits: EngineLimits) -> dict[str, ParameterLimits]:
+    """The limits `build_request` checks each parameter against on an engine of `limits`,
+    which the server publishes so that no client restates them."""
+    table = {name: ParameterLimits(interval)
+             for name, interval in {**FLOAT_RANGES, **INT_RANGES}.items()}
+    for name in ("n", "best_of"):
+        table[name] = ParameterLimits(Interval(INT_RANGES[name].low, limits.max_best_of))
+    return {**table,
+            "stop": ParameterLimits(max_items=MAX_STOP_SEQUENCES, min_length=1),
+            "logit_bias": ParameterLimits(LOGIT_BIAS_RANGE),
+            "allowed_token_ids": ParameterLimits(min_items=1),
+            "guided_regex": ParameterLimits(min_length=1),
+            "guided_choice": ParameterLimits(min_items=1, min_length=1)}
+
+
 def build_request(request_id: str, prompt_token_ids: Sequence[int],
                   parameters: Mapping[str, object], limits: EngineLimits) -> GenerationRequest:
     """Validate a prompt and its parameters against the engine's limits.

@@ -9,7 +9,7 @@ import json
 import logging
 import ssl
 from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import grpc
@@ -29,6 +29,7 @@ from switchboard.gateway.roles import Roles
 from switchboard.gateway.sse import CONTENT_TYPE, sse_event
 from switchboard.gateway.upstream import Upstream
 from switchboard.proto import grpc_service_pb2 as pb
+from switchboard.proto import switchboard_pb2 as sb
 
 logger = logging.getLogger(__name__)
 Response = TypeVar("Response")
@@ -37,6 +38,20 @@ METADATA_TIMEOUT_S = 10.0
 # The status logged and counted for a request whose client left before its answer (nginx's
 # "client closed request", which vLLM answers too): not a server error.
 CLIENT_CLOSED_REQUEST = 499
+
+
+class PublishedLimits:
+    """What the server accepts of each generation parameter (its GetParameterLimits), asked
+    for when first needed and kept: they follow from the server's configuration."""
+
+    def __init__(self) -> None:
+        self._limits: dict[str, sb.ParameterLimits] | None = None
+
+    async def get(self, ask: Callable[[], Awaitable[sb.GetParameterLimitsResponse]]
+                  ) -> Mapping[str, sb.ParameterLimits]:
+        if self._limits is None:
+            self._limits = dict((await ask()).parameters)
+        return self._limits
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +73,7 @@ class Services:
     max_body_bytes: int
     # Inference requests forwarded at once (MindIE's maxLinkNum); the others wait in turn.
     admission: asyncio.Semaphore
+    limits: PublishedLimits = field(default_factory=PublishedLimits)
 
 
 @tornado.web.stream_request_body
@@ -136,6 +152,12 @@ class Handler(tornado.web.RequestHandler):
             pb.ModelConfigRequest(name=names[0]), timeout=METADATA_TIMEOUT_S))
         return names[0], {key: value.string_value
                           for key, value in response.config.parameters.items()}
+
+    async def parameter_limits(self) -> Mapping[str, sb.ParameterLimits]:
+        """What the server accepts of each generation parameter."""
+        return await self.services.limits.get(lambda: self.track(
+            self.upstream.generation.GetParameterLimits(sb.GetParameterLimitsRequest(),
+                                                        timeout=METADATA_TIMEOUT_S)))
 
     def on_finish(self) -> None:
         self._release()

@@ -1,9 +1,11 @@
 """The gateway's OpenAPI 3.0.3 description, served at GET /openapi.json on the business plane.
 
 Why: clients and fuzzers (schemathesis, in the test suite) need one machine-readable contract
-of every REST route: its path parameters, the JSON body its translator accepts (the real field
-names, types and ranges: the gRPC table's for the Triton family and MindIE, each protocol's
-own for TGI, vLLM and OpenAI), its 200 reply, and its errors in its protocol's own shape.
+of every REST route: its path parameters, the JSON body its translator accepts, its 200
+reply, and its errors in its protocol's own shape. Nothing the code says elsewhere is restated:
+a body's fields are its protocol module's (their names mapped onto switchboard.v1's parameters),
+a parameter's type is its typed field's (proto/generation_fields.py), and its range is the one
+the server publishes (GetParameterLimits), asked for at the first request and kept.
 
 The document is built from the routes a server actually serves (`served_routes`: one server
 serves every plane that shares its port), so it never lists a route that answers 404 there.
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import importlib.metadata
+import math
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -27,27 +30,23 @@ from typing import Any, NamedTuple
 import grpc
 import tornado.routing
 import tornado.web
+from google.protobuf.descriptor import FieldDescriptor
 
 from switchboard.gateway import generation_handlers as generation
 from switchboard.gateway import management_handlers as management
 from switchboard.gateway.errors import KSERVE_HTTP_STATUS
 from switchboard.gateway.handler import Handler
-from switchboard.gateway.protocols import mindie, openai, sagemaker, tgi
+from switchboard.gateway.protocols import mindie, openai, sagemaker, tgi, triton, vllm
 from switchboard.gateway.protocols.exchange import GenerationProtocol
 from switchboard.gateway.protocols.mindie_management import MAX_HEALTH_TIMEOUT_S
 from switchboard.gateway.roles import NO_ROLE, ROLES, RoleStatus
-from switchboard.gateway.protocols.parameters import MAX_DEADLINE_S as MAX_TIMEOUT_S
-from switchboard.gateway.protocols.parameters import INT64_MAX, UINT32_MAX, UINT64_MAX
 from switchboard.gateway.sse import CONTENT_TYPE as SSE_CONTENT_TYPE
+from switchboard.proto import generation_fields, vllm_sampling
+from switchboard.proto import switchboard_pb2 as sb
 from switchboard.proto.constants import FORCED_STOP_S
 from switchboard.proto.vllm_backend_tensors import CONTROL_INPUTS
 
 JSON = dict[str, Any]
-INT32_MAX = 2**31 - 1
-# The server's limits, as engine/validation.py sets them (the gateway may not import it).
-MAX_SEQUENCES = 128
-MAX_TOP_LOGPROBS = 20
-MAX_STOP_SEQUENCES = 16
 
 
 # --- JSON Schema helpers --------------------------------------------------------------------
@@ -66,7 +65,7 @@ def integer(low: int | None = None, high: int | None = None) -> JSON:
 
 
 def number(low: float | None = None, high: float | None = None, *,
-           low_open: bool = False) -> JSON:
+           low_open: bool = False, high_open: bool = False) -> JSON:
     schema: JSON = {"type": "number"}
     if low is not None:
         schema["minimum"] = low
@@ -74,6 +73,8 @@ def number(low: float | None = None, high: float | None = None, *,
             schema["exclusiveMinimum"] = True
     if high is not None:
         schema["maximum"] = high
+        if high_open:
+            schema["exclusiveMaximum"] = True
     return schema
 
 
@@ -121,115 +122,203 @@ IGNORED_WATERMARK: JSON = {**BOOLEAN, "description": "accepted and ignored: no w
                            "applied (as MindIE answers it)"}
 # MindIE's rule for a request id.
 REQUEST_ID: JSON = {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,256}$"}
-TOKEN_ID = integer(0, UINT32_MAX)
-POSITIVE = number(0, low_open=True)
-PROBABILITY = number(0, 1, low_open=True)
-MIN_P = number(0, 1)
-PENALTY = number(-2, 2)
-LOGIT_BIAS = number(-100, 100)  # a token's, keyed by its id
-SEED = integer(1, UINT64_MAX)  # MindIE's
-TGI_SEED = integer(0, UINT64_MAX)  # TGI's u64
-INT64_SEED = {**integer(-INT64_MAX - 1, INT64_MAX),
-              "description": "vLLM's int64; -1 draws a random seed"}  # vLLM's and OpenAI's
-MAX_NEW_TOKENS = integer(1, INT32_MAX)
-MIN_NEW_TOKENS = integer(0, INT32_MAX)
-TRUNCATE = integer(1, INT32_MAX)  # the prompt's last tokens kept
-TOP_K = integer(0, INT32_MAX)
-SEQUENCES = integer(1, MAX_SEQUENCES)
-TOP_LOGPROBS = integer(0, MAX_TOP_LOGPROBS)
-STOP: JSON = {"oneOf": [TEXT, array(TEXT, maxItems=MAX_STOP_SEQUENCES)]}
+TOKEN_ID = integer(0, generation_fields.UINT32_MAX)
 # Before OpenAPI 3.2, an event stream's schema describes each event.
 SSE: JSON = {SSE_CONTENT_TYPE.split(";")[0]: {"schema": obj({"data": STRING, "event": STRING},
                                                           ["data"])}}
 
 
-# --- request bodies -------------------------------------------------------------------------
+# --- the server's parameters ------------------------------------------------------------------
 
-# The request parameters of the Triton family and MindIE (docs/parameters.md), with
-# MindIE's REST units: priority 1-5, timeout in seconds.
-PARAMETERS: dict[str, JSON] = {
-    "do_sample": BOOLEAN, "temperature": POSITIVE, "top_k": TOP_K, "top_p": PROBABILITY,
-    "typical_p": PROBABILITY, "min_p": MIN_P, "repetition_penalty": POSITIVE,
-    "presence_penalty": PENALTY, "frequency_penalty": PENALTY, "seed": SEED,
-    "max_new_tokens": MAX_NEW_TOKENS, "min_new_tokens": MIN_NEW_TOKENS, "ignore_eos": BOOLEAN,
-    "stop": STOP, "stop_token_ids": array(TOKEN_ID), "include_stop_str_in_output": BOOLEAN,
-    "truncate": TRUNCATE, "skip_special_tokens": BOOLEAN,
-    "allowed_token_ids": array(TOKEN_ID, minItems=1),
-    # A JSON object in a string, as the gRPC parameter carries it.
-    "logit_bias": {**STRING, "description": 'token ids to biases in [-100, 100]: {"7042": -100}'},
-    "guided_json": {**STRING, "description": "a JSON schema (its JSON text) the output must "
-                    "follow"},
-    "guided_regex": {**STRING, "description": "a regular expression the output must match"},
-    "guided_choice": array(TEXT, minItems=1),
-    "priority": integer(1, 5),
-    "timeout": number(0, MAX_TIMEOUT_S, low_open=True), "watermark": IGNORED_WATERMARK,
-    "details": BOOLEAN, "perf_stat": BOOLEAN, "batch_size": integer(1),
-}
-# KServe's generate extension (the Open Inference Protocol's generate_rest.yaml) on Triton's
-# /generate routes, beside MindIE's names: a temperature or top_p of 0 is greedy.
-KSERVE_GENERATE_PARAMETERS: dict[str, JSON] = {
-    "max_tokens": {**MAX_NEW_TOKENS, "description": "KServe's name of max_new_tokens (default 20)"},
-    "temperature": number(0), "top_p": number(0, 1),
-}
-TGI_PARAMETERS: dict[str, JSON] = {
-    "best_of": SEQUENCES, "decoder_input_details": BOOLEAN, "details": BOOLEAN,
-    "do_sample": BOOLEAN, "max_new_tokens": MAX_NEW_TOKENS, "repetition_penalty": POSITIVE,
-    "frequency_penalty": PENALTY, "return_full_text": BOOLEAN, "seed": TGI_SEED, "stop": STOP,
-    "temperature": POSITIVE, "top_k": TOP_K, "top_p": PROBABILITY,
-    "truncate": TRUNCATE, "typical_p": PROBABILITY,
-    "watermark": IGNORED_WATERMARK, "top_n_tokens": TOP_LOGPROBS,
+# What the server accepts of each switchboard.v1 parameter beyond its type, as it publishes it
+# (GetParameterLimits), by the parameter's name.
+Limits = Mapping[str, sb.ParameterLimits]
+_INTEGER_TYPES = {FieldDescriptor.TYPE_INT64: generation_fields.INT64_RANGE,
+                  FieldDescriptor.TYPE_UINT64: generation_fields.UINT64_RANGE}
+
+
+def parameter(name: str, limits: Limits) -> JSON:
+    """switchboard.v1's parameter `name` (MindIE's name): its field's type, within the limits
+    the server publishes for it. A list may come as its one item where the typed field takes
+    that (`stop`); a JSON schema as an object or its text."""
+    _, field = generation_fields.FIELDS[name]
+    limit = limits.get(name, sb.ParameterLimits())
+    items = {"minItems": limit.min_items} if limit.min_items else {}
+    if limit.HasField("max_items"):
+        items["maxItems"] = limit.max_items
+    text = {**STRING, "minLength": limit.min_length} if limit.min_length else STRING
+    if field.message_type is sb.Choices.DESCRIPTOR:
+        return array(text, **items)
+    if field.message_type is sb.TokenIds.DESCRIPTOR or field.type == FieldDescriptor.TYPE_UINT32:
+        return array(TOKEN_ID, **items)
+    if field.message_type is not None:  # a map from token ids (logit_bias)
+        return {"type": "object", "additionalProperties": _number(limit)}
+    if field.is_repeated:
+        return {"oneOf": [text, array(text, **items)]}
+    if field.type == FieldDescriptor.TYPE_BOOL:
+        return BOOLEAN
+    if name in generation_fields.SCHEMA_FIELDS:
+        return {"oneOf": [{"type": "object"}, text]}
+    if name == "guided_regex":
+        return {**text, "description": "a regular expression the output must match"}
+    if field.type == FieldDescriptor.TYPE_STRING:
+        return text
+    if field.type == FieldDescriptor.TYPE_DOUBLE:
+        return _number(limit)
+    bounds = _INTEGER_TYPES[field.type]
+    low, high = bounds.start, bounds.stop - 1
+    if limit.HasField("minimum"):
+        low = max(low, math.floor(limit.minimum) + 1 if limit.exclusive_minimum
+                  else math.ceil(limit.minimum))
+    if limit.HasField("maximum"):
+        high = min(high, math.ceil(limit.maximum) - 1 if limit.exclusive_maximum
+                   else math.floor(limit.maximum))
+    return integer(low, high)
+
+
+def _number(limit: sb.ParameterLimits) -> JSON:
+    return number(_bound(limit, "minimum"), _bound(limit, "maximum"),
+                  low_open=limit.exclusive_minimum, high_open=limit.exclusive_maximum)
+
+
+def _bound(limit: sb.ParameterLimits, name: str) -> float | None:
+    """A published bound, whole ones as integers (as JSON writes them: 2, not 2.0)."""
+    if not limit.HasField(name):
+        return None
+    value = getattr(limit, name)
+    return int(value) if value.is_integer() else value
+
+
+def from_zero(schema: JSON) -> JSON:
+    """`schema` with 0 accepted at its low end, as a protocol that reads 0 as greedy does."""
+    return {key: value for key, value in schema.items() if key != "exclusiveMinimum"} | {
+        "minimum": 0}
+
+
+def parameters(names: Mapping[str, str], limits: Limits) -> dict[str, JSON]:
+    """A protocol's parameters (`names`: its name → switchboard.v1's) as the server takes them."""
+    return {name: parameter(contract, limits) for name, contract in names.items()}
+
+
+def mindie_parameters(limits: Limits) -> dict[str, JSON]:
+    """The request parameters of the Triton family and MindIE (docs/parameters.md), under
+    MindIE's names and REST units (a timeout in seconds): switchboard.v1's, but
+    those its one-sequence answers cannot carry, MindIE's seeds positive, and what MindIE
+    accepts without effect. KServe's parameters carry a logit bias and a JSON schema as
+    their JSON text."""
+    names = [name for name in generation_fields.FIELDS
+             if name not in generation_fields.UNCARRIED | generation_fields.SINGLE_SEQUENCE]
+    schemas = parameters(dict(zip(names, names)), limits)
+    schemas["seed"]["minimum"] = max(schemas["seed"]["minimum"], generation_fields.MINDIE_MIN_SEED)
+    bias = schemas["logit_bias"]["additionalProperties"]
+    within = f" in [{bias['minimum']}, {bias['maximum']}]" if "maximum" in bias else ""
+    schemas["logit_bias"] = {**STRING, "description": f"token ids to biases{within}: "
+                             '{"7042": -100}'}
+    schemas["guided_json"] = {**STRING, "description": "a JSON schema (its JSON text) the "
+                              "output must follow"}
+    return {**schemas,
+            **{name: IGNORED_WATERMARK if name == "watermark" else BOOLEAN
+               for name in generation_fields.MINDIE_IGNORED_FLAGS},
+            generation_fields.MINDIE_IGNORED_COUNT: integer(1)}
+
+
+def kserve_generate_parameters(limits: Limits) -> dict[str, JSON]:
+    """KServe's generate extension (the Open Inference Protocol's generate_rest.yaml) on
+    Triton's /generate routes, beside MindIE's names: its temperature and top_p from 0."""
+    schemas = parameters(triton.KSERVE_NAMES, limits)
+    schemas["max_tokens"] = {**schemas["max_tokens"],
+                             "description": "KServe's name of max_new_tokens (default 20)"}
+    return {**schemas, **{name: from_zero(parameter(name, limits))
+                          for name in triton.GREEDY_AT_ZERO}}
+
+
+# TGI's parameters that are no switchboard.v1 parameter: how it renders, structured output
+# (add_output_format), and adapter_id, refused unless null or "None" (MindIE's examples).
+TGI_OWN_PARAMETERS: dict[str, JSON] = {
+    "details": BOOLEAN, "return_full_text": BOOLEAN, "watermark": IGNORED_WATERMARK,
     "grammar": obj({"type": {"type": "string", "enum": ["json", "regex", "json_schema"]},
                     "value": {}}, ["type", "value"]),
-    # Refused unless null or "None" (MindIE's examples): the model itself.
     "adapter_id": only("None", STRING),
 }
-# OpenAI's sampling fields and vLLM's extras; temperature 0 is greedy.
-OPENAI_SAMPLING: dict[str, JSON] = {
-    "temperature": number(0), "top_p": PROBABILITY, "n": SEQUENCES, "stop": STOP,
-    "seed": INT64_SEED, "presence_penalty": PENALTY, "frequency_penalty": PENALTY,
-    "top_k": TOP_K,
-    "min_p": MIN_P, "repetition_penalty": POSITIVE, "min_tokens": MIN_NEW_TOKENS,
-    "ignore_eos": BOOLEAN, "stop_token_ids": array(TOKEN_ID),
-    "allowed_token_ids": array(TOKEN_ID, minItems=1), "include_stop_str_in_output": BOOLEAN,
-    "skip_special_tokens": BOOLEAN, "truncate_prompt_tokens": TRUNCATE,
-    "guided_json": {"oneOf": [{"type": "object"}, STRING]}, "guided_regex": STRING,
-    "guided_choice": array(TEXT, minItems=1),
-}
-OPENAI_COMMON: dict[str, JSON] = {
-    **OPENAI_SAMPLING, "model": STRING, "max_tokens": MAX_NEW_TOKENS, "stream": BOOLEAN,
-    "stream_options": obj({"include_usage": nullable(BOOLEAN),
-                           "continuous_usage_stats": nullable(BOOLEAN)}),
-    "logit_bias": {"type": "object", "additionalProperties": LOGIT_BIAS},
-    # OpenAI's forms, and TGI's ("json" or "regex" with a value).
-    "response_format": {"oneOf": [
-        obj({"type": {"type": "string", "enum": ["text", "json_object"]}}, ["type"]),
-        obj({"type": only("json_schema", STRING), "json_schema": obj({
-            "name": STRING, "description": STRING, "schema": {"type": "object"},
-            "strict": nullable(BOOLEAN)}, ["schema"])}, ["type", "json_schema"]),
-        obj({"type": {"type": "string", "enum": ["json", "regex", "json_schema"]},
-             "value": {}}, ["type", "value"])]},
-    # vLLM's: one of them.
-    "structured_outputs": obj({"json": {"oneOf": [{"type": "object"}, STRING]}, "regex": STRING,
-                               "choice": array(TEXT, minItems=1),
-                               "json_object": only(True, BOOLEAN)}, closed=True),
-    # Accepted with any value, without effect.
+
+
+def tgi_parameters(limits: Limits) -> dict[str, JSON]:
+    return {**parameters({name: tgi.NAMES.get(name, name)
+                          for name in sorted(tgi.GENERATION_PARAMETERS)}, limits),
+            **{name: TGI_OWN_PARAMETERS[name]
+               for name in sorted(tgi.PARAMETERS - tgi.GENERATION_PARAMETERS)}}
+
+
+def vllm_sampling_parameters(fields: Iterable[str], limits: Limits) -> dict[str, JSON]:
+    """vLLM's sampling fields, as vLLM reads them (vllm_sampling): temperature from 0 (greedy),
+    top_k from -1 (no cut), an int64 seed (-1: random)."""
+    schemas = parameters({name: vllm_sampling.NAMES.get(name, name) for name in sorted(fields)},
+                         limits)
+    readings = {"temperature": from_zero(parameter("temperature", limits)),
+                "top_k": {**parameter("top_k", limits), "minimum": vllm_sampling.NO_TOP_K},
+                "seed": {**integer(vllm_sampling.INT64.start, vllm_sampling.INT64.stop - 1),
+                         "description": f"vLLM's int64; {vllm_sampling.RANDOM_SEED} draws a "
+                                        "random seed"}}
+    return {**schemas, **{name: schema for name, schema in readings.items() if name in schemas}}
+
+
+_JSON_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string", list: "array"}
+
+
+def neutral(values: Iterable[object]) -> JSON:
+    """A field accepted at `values` alone (and null), as OpenAI's NEUTRAL_VALUES lists them."""
+    values = list(values)
+    if not values:
+        return NULL
+    accepted: list[object] = []
+    for value in values:
+        if value not in accepted:  # 1 and 1.0 are one JSON value
+            accepted.append(value)
+    kinds = {_JSON_TYPES[type(value)] for value in values}
+    kind = "number" if kinds == {"integer", "number"} else kinds.pop()
+    return {"type": kind, "enum": accepted}
+
+
+# OpenAI's types of the fields accepted with any value, without effect (openai.IGNORED_FIELDS
+# and IGNORED_HINTS).
+OPENAI_IGNORED_TYPES: dict[str, JSON] = {
     "user": STRING, "store": BOOLEAN, "metadata": {"type": "object"}, "service_tier": STRING,
     "prompt_cache_key": STRING, "prompt_cache_retention": STRING, "safety_identifier": STRING,
-    "reasoning_effort": STRING, "verbosity": STRING,
-    "prediction": {"type": "object"}, "guided_decoding_backend": STRING,
-    # Accepted at the values that change nothing (null, or the one listed).
-    "modalities": array(only("text", STRING), minItems=1, maxItems=1), "audio": NULL,
-    "web_search_options": NULL, "functions": array({}, maxItems=0),
-    "function_call": only("none", STRING), "use_beam_search": only(False, BOOLEAN),
-    "length_penalty": only(1, {"type": "number"}),
-    "spaces_between_special_tokens": only(True, BOOLEAN), "priority": only(0, integer()),
-    "cache_salt": NULL, "vllm_xargs": NULL, "bad_words": array(STRING, maxItems=0),
-    "no_stop_trim": only(False, BOOLEAN), "return_hidden_states": only(False, BOOLEAN),
-    "separate_reasoning": only(True, BOOLEAN), "stream_reasoning": only(True, BOOLEAN),
-    "include_reasoning": only(True, BOOLEAN),
-    # Prefill/decode disaggregation, as vLLM's proxy sends it and a prefill answers it.
-    "kv_transfer_params": ref("KVTransferParams"),
-}
+    "reasoning_effort": STRING, "verbosity": STRING, "prediction": {"type": "object"},
+    "guided_decoding_backend": STRING}
+
+
+def openai_common(limits: Limits) -> dict[str, JSON]:
+    """The fields chat completions and completions share (openai.ACCEPTED_FIELDS, but
+    `logprobs`, which each reads its own way)."""
+    return {
+        **vllm_sampling_parameters(openai.SAMPLING_FIELDS, limits), "model": STRING,
+        "max_tokens": parameter(openai.NAMES["max_tokens"], limits), "stream": BOOLEAN,
+        "stream_options": obj({"include_usage": nullable(BOOLEAN),
+                               "continuous_usage_stats": nullable(BOOLEAN)}),
+        "logit_bias": parameter("logit_bias", limits),
+        # OpenAI's forms, and TGI's ("json" or "regex" with a value).
+        "response_format": {"oneOf": [
+            obj({"type": {"type": "string", "enum": ["text", "json_object"]}}, ["type"]),
+            obj({"type": only("json_schema", STRING), "json_schema": obj({
+                "name": STRING, "description": STRING, "schema": {"type": "object"},
+                "strict": nullable(BOOLEAN)}, ["schema"])}, ["type", "json_schema"]),
+            obj({"type": {"type": "string", "enum": ["json", "regex", "json_schema"]},
+                 "value": {}}, ["type", "value"])]},
+        # vLLM's: one of them.
+        "structured_outputs": obj({
+            key: only(True, BOOLEAN) if key == "json_object" else parameter(name, limits)
+            for key, name in openai.STRUCTURED_OUTPUTS.items()}, closed=True),
+        **{name: OPENAI_IGNORED_TYPES[name]
+           for name in sorted(openai.IGNORED_FIELDS | openai.IGNORED_HINTS)},
+        **{name: neutral(values) for name, values in openai.NEUTRAL_VALUES.items()},
+        # Prefill/decode disaggregation, as vLLM's proxy sends it and a prefill answers it.
+        openai.KV_TRANSFER_FIELD: ref("KVTransferParams"),
+    }
+
+
+# --- request bodies -------------------------------------------------------------------------
+
 TEXT_PART = obj({"type": only("text", STRING), "text": STRING}, ["type", "text"])
 TOOL_CALL = obj({"id": STRING, "type": only("function", STRING),
                  "function": obj({"name": STRING, "arguments": STRING}, ["name", "arguments"])},
@@ -273,117 +362,120 @@ TEXT_INPUT = obj({"name": only("text_input", STRING), "datatype": only("BYTES", 
                   "data": array(PROMPT, minItems=1, maxItems=1)},
                  ["name", "datatype", "shape", "data"], closed=True)
 
-GENERATE_PARAMETERS = {**PARAMETERS, **KSERVE_GENERATE_PARAMETERS, **VLLM_BACKEND_INPUTS}
-REQUESTS: dict[str, JSON] = {
-    "Parameters": obj(optional(PARAMETERS), closed=True),
-    "InferRequest": obj({
-        "id": nullable(REQUEST_ID),
-        # Not null: binary_data_output, outputs and the tensors' fields.
-        "parameters": nullable(obj({**optional(PARAMETERS), "binary_data_output": BOOLEAN},
-                                   closed=True)),
-        "inputs": array({"oneOf": [TOKEN_IDS_INPUT, TEXT_INPUT]}, minItems=1, maxItems=1),
-        # The input's output: output0 for input0, text_output for text_input.
-        "outputs": array(obj({"name": {"type": "string", "enum": ["output0", "text_output"]},
-                              "parameters": obj({"binary_data": BOOLEAN}, closed=True)},
-                             ["name"], closed=True), maxItems=1),
-    }, ["inputs"], closed=True),
-    # Triton's generate extension: top-level fields other than these are parameters too; those
-    # named as the vLLM backend interface's inputs are those tensors.
-    "GenerateParameters": obj(optional(GENERATE_PARAMETERS), closed=True),
-    "GenerateRequest": obj({"id": nullable(REQUEST_ID), "text_input": PROMPT,
-                            "parameters": nullable(ref("GenerateParameters")),
-                            **optional(GENERATE_PARAMETERS)},
-                           ["text_input"], closed=True),
-    "StopInferRequest": obj({"id": REQUEST_ID}, ["id"]),
-    "RepositoryIndexRequest": obj({"ready": nullable(BOOLEAN)}, closed=True),
-    "TgiParameters": obj(optional(TGI_PARAMETERS), closed=True),
-    # `stream` is read by POST / only.
-    "TgiRequest": obj({"inputs": PROMPT, "parameters": nullable(ref("TgiParameters")),
-                       "stream": nullable(BOOLEAN)}, ["inputs"]),
-    "VllmRequest": obj({"prompt": PROMPT, **optional({
-        "stream": BOOLEAN, "best_of": SEQUENCES, "top_k": integer(-1, INT32_MAX),
-        "max_tokens": MAX_NEW_TOKENS, **{name: OPENAI_SAMPLING[name] for name in (
-            "n", "presence_penalty", "frequency_penalty", "repetition_penalty", "temperature",
-            "top_p", "min_p", "seed", "stop", "stop_token_ids", "ignore_eos",
-            "min_tokens", "allowed_token_ids", "include_stop_str_in_output",
-            "skip_special_tokens", "truncate_prompt_tokens")}})},
-        ["prompt"], closed=True),
-    "ChatCompletionRequest": obj({
-        **optional(OPENAI_COMMON), "messages": array(MESSAGE, minItems=1),
-        **optional({"max_completion_tokens": MAX_NEW_TOKENS, "logprobs": BOOLEAN,
-                    "top_logprobs": TOP_LOGPROBS,
-                    # "auto" (the default with tools) needs the server's
-                    # --enable-auto-tool-choice and --tool-call-parser.
-                    "tools": array(TOOL), "tool_choice": TOOL_CHOICE,
-                    "parallel_tool_calls": BOOLEAN, "echo": only(False, BOOLEAN),
-                    **CHAT_TEMPLATE_OPTIONS}),
-    }, ["messages"], closed=True),
-    "KVTransferParams": obj({
-        "do_remote_decode": nullable(BOOLEAN), "do_remote_prefill": nullable(BOOLEAN),
-        "remote_engine_id": nullable(STRING),
-        "remote_block_ids": nullable(array(integer(0, UINT32_MAX))),
-        "remote_host": nullable(STRING), "remote_port": nullable(integer(0, 65535)),
-        "remote_request_id": nullable(STRING)}),
-    "ResponsesRequest": obj({
-        **optional({**{name: schema for name, schema in OPENAI_SAMPLING.items() if name != "n"},
-                    "model": STRING, "instructions": STRING,
-                    "max_output_tokens": MAX_NEW_TOKENS, "stream": BOOLEAN,
-                    "text": obj({"format": {"oneOf": [
-                        obj({"type": only("text", STRING)}, ["type"]),
-                        obj({"type": only("json_object", STRING)}, ["type"]),
-                        obj({"type": only("json_schema", STRING), "name": STRING,
-                             "schema": {"type": "object"}, "strict": nullable(BOOLEAN)},
-                            ["type", "schema"])]}}),
-                    "tools": array(RESPONSES_TOOL), "tool_choice": RESPONSES_TOOL_CHOICE,
-                    "include": array(only("message.output_text.logprobs", STRING)),
-                    "top_logprobs": TOP_LOGPROBS,
-                    "truncation": only("disabled", STRING), "store": BOOLEAN,
-                    "metadata": {"type": "object"}, "user": STRING,
-                    "parallel_tool_calls": BOOLEAN, "service_tier": STRING,
-                    "prompt_cache_key": STRING, "prompt_cache_retention": STRING,
-                    "safety_identifier": STRING}),
-        "input": {"oneOf": [PROMPT, array({"oneOf": [
-            obj({"type": only("message", STRING),
-                 "role": {"type": "string",
-                          "enum": ["system", "developer", "user", "assistant"]},
-                 "content": {"oneOf": [STRING, array(obj({
-                     "type": {"type": "string", "enum": ["input_text", "output_text"]},
-                     "text": STRING}, ["type", "text"]))]}}, ["role", "content"]),
-            obj({"type": only("function_call", STRING), "call_id": STRING, "name": STRING,
-                 "arguments": STRING, "id": STRING, "status": STRING},
-                ["type", "call_id", "name", "arguments"]),
-            obj({"type": only("function_call_output", STRING), "call_id": STRING,
-                 "output": STRING, "id": STRING, "status": STRING},
-                ["type", "call_id", "output"])]}, minItems=1)]},
-    }, ["input"], closed=True),
-    "CompletionRequest": obj({
-        **optional(OPENAI_COMMON),
-        "prompt": {"oneOf": [PROMPT, array(PROMPT, minItems=1), PROMPT_IDS,
-                             array(PROMPT_IDS, minItems=1)]},
-        **optional({"logprobs": TOP_LOGPROBS, "echo": BOOLEAN, "best_of": SEQUENCES,
-                    "max_tokens": {**integer(0, INT32_MAX), "description": (
-                        "0 only with echo: the prompt alone, with its tokens' logprobs")}}),
-        # Refused unless null.
-        "suffix": only(None, STRING),
-    }, ["prompt"], closed=True),
-    "MindIEInferRequest": obj({"inputs": PROMPT, "id": nullable(REQUEST_ID),
-                               "stream": nullable(BOOLEAN),
-                               "parameters": nullable(ref("Parameters"))}, ["inputs"]),
-    "MindIEInferTokenRequest": obj({"input_id": PROMPT_IDS, "id": nullable(REQUEST_ID),
-                                    "stream": nullable(BOOLEAN),
-                                    "parameters": nullable(ref("Parameters"))},
-                                   ["input_id"]),
-    "TokenizerRequest": obj({"inputs": STRING, "do_decode": nullable(BOOLEAN)}, ["inputs"]),
-    "VllmTokenizeRequest": {"oneOf": [
-        obj({"model": STRING, "prompt": STRING, "add_special_tokens": BOOLEAN,
-             "return_token_strs": BOOLEAN}, ["prompt"], closed=True),
-        obj({"model": STRING, "messages": array(MESSAGE, minItems=1),
-             "add_special_tokens": only(False, BOOLEAN), "return_token_strs": BOOLEAN,
-             **optional(CHAT_TEMPLATE_OPTIONS)},
-            ["messages"], closed=True)]},
-    "VllmDetokenizeRequest": obj({"model": STRING, "tokens": array(TOKEN_ID)}, ["tokens"],
-                                 closed=True),
-}
+
+def requests(limits: Limits) -> dict[str, JSON]:
+    """The request bodies' schemas, their parameters within the server's `limits`."""
+    mindie = mindie_parameters(limits)
+    generate = {**mindie, **kserve_generate_parameters(limits), **VLLM_BACKEND_INPUTS}
+    common = openai_common(limits)
+    top_logprobs = parameter("top_logprobs", limits)
+    max_new_tokens = parameter("max_new_tokens", limits)
+    return {
+        "Parameters": obj(optional(mindie), closed=True),
+        "InferRequest": obj({
+            "id": nullable(REQUEST_ID),
+            # Not null: binary_data_output, outputs and the tensors' fields.
+            "parameters": nullable(obj({**optional(mindie), "binary_data_output": BOOLEAN},
+                                       closed=True)),
+            "inputs": array({"oneOf": [TOKEN_IDS_INPUT, TEXT_INPUT]}, minItems=1, maxItems=1),
+            # The input's output: output0 for input0, text_output for text_input.
+            "outputs": array(obj({"name": {"type": "string", "enum": ["output0", "text_output"]},
+                                  "parameters": obj({"binary_data": BOOLEAN}, closed=True)},
+                                 ["name"], closed=True), maxItems=1),
+        }, ["inputs"], closed=True),
+        # Triton's generate extension: top-level fields other than these are parameters too; those
+        # named as the vLLM backend interface's inputs are those tensors.
+        "GenerateParameters": obj(optional(generate), closed=True),
+        "GenerateRequest": obj({"id": nullable(REQUEST_ID), "text_input": PROMPT,
+                                "parameters": nullable(ref("GenerateParameters")),
+                                **optional(generate)},
+                               ["text_input"], closed=True),
+        "StopInferRequest": obj({"id": REQUEST_ID}, ["id"]),
+        "RepositoryIndexRequest": obj({"ready": nullable(BOOLEAN)}, closed=True),
+        "TgiParameters": obj(optional(tgi_parameters(limits)), closed=True),
+        # `stream` is read by POST / only.
+        "TgiRequest": obj({"inputs": PROMPT, "parameters": nullable(ref("TgiParameters")),
+                           "stream": nullable(BOOLEAN)}, ["inputs"]),
+        "VllmRequest": obj({"prompt": PROMPT, **optional({
+            "stream": BOOLEAN, **vllm_sampling_parameters(vllm.SAMPLING_FIELDS, limits)})},
+            ["prompt"], closed=True),
+        "ChatCompletionRequest": obj({
+            **optional(common), "messages": array(MESSAGE, minItems=1),
+            **optional({"max_completion_tokens": max_new_tokens,
+                        "logprobs": parameter("logprobs", limits), "top_logprobs": top_logprobs,
+                        # "auto" (the default with tools) needs the server's
+                        # --enable-auto-tool-choice and --tool-call-parser.
+                        "tools": array(TOOL), "tool_choice": TOOL_CHOICE,
+                        "parallel_tool_calls": BOOLEAN, **CHAT_TEMPLATE_OPTIONS,
+                    **{name: neutral(values) for name, values in openai.CHAT_NEUTRAL_VALUES.items()
+                       if name not in openai.NEUTRAL_VALUES}}),
+        }, ["messages"], closed=True),
+        "KVTransferParams": obj({
+            "do_remote_decode": nullable(BOOLEAN), "do_remote_prefill": nullable(BOOLEAN),
+            "remote_engine_id": nullable(STRING),
+            "remote_block_ids": nullable(array(integer(0, generation_fields.UINT32_MAX))),
+            "remote_host": nullable(STRING), "remote_port": nullable(integer(0, 65535)),
+            "remote_request_id": nullable(STRING)}),
+        "ResponsesRequest": obj({
+            **optional({**vllm_sampling_parameters(openai.SAMPLING_FIELDS - {"n"}, limits),
+                        **{name: OPENAI_IGNORED_TYPES[name]
+                           for name in sorted(openai.IGNORED_FIELDS)},
+                        "model": STRING, "instructions": STRING,
+                        "max_output_tokens": max_new_tokens, "stream": BOOLEAN,
+                        "text": obj({"format": {"oneOf": [
+                            obj({"type": only("text", STRING)}, ["type"]),
+                            obj({"type": only("json_object", STRING)}, ["type"]),
+                            obj({"type": only("json_schema", STRING), "name": STRING,
+                                 "schema": {"type": "object"}, "strict": nullable(BOOLEAN)},
+                                ["type", "schema"])]}}),
+                        "tools": array(RESPONSES_TOOL), "tool_choice": RESPONSES_TOOL_CHOICE,
+                        "include": array(only("message.output_text.logprobs", STRING)),
+                        "top_logprobs": top_logprobs, "truncation": only("disabled", STRING),
+                        "parallel_tool_calls": BOOLEAN}),
+            "input": {"oneOf": [PROMPT, array({"oneOf": [
+                obj({"type": only("message", STRING),
+                     "role": {"type": "string",
+                              "enum": ["system", "developer", "user", "assistant"]},
+                     "content": {"oneOf": [STRING, array(obj({
+                         "type": {"type": "string", "enum": ["input_text", "output_text"]},
+                         "text": STRING}, ["type", "text"]))]}}, ["role", "content"]),
+                obj({"type": only("function_call", STRING), "call_id": STRING, "name": STRING,
+                     "arguments": STRING, "id": STRING, "status": STRING},
+                    ["type", "call_id", "name", "arguments"]),
+                obj({"type": only("function_call_output", STRING), "call_id": STRING,
+                     "output": STRING, "id": STRING, "status": STRING},
+                    ["type", "call_id", "output"])]}, minItems=1)]},
+        }, ["input"], closed=True),
+        "CompletionRequest": obj({
+            **optional(common),
+            "prompt": {"oneOf": [PROMPT, array(PROMPT, minItems=1), PROMPT_IDS,
+                                 array(PROMPT_IDS, minItems=1)]},
+            **optional({"logprobs": parameter(openai.COMPLETION_NAMES["logprobs"], limits),
+                        "echo": BOOLEAN, "best_of": parameter("best_of", limits),
+                        "max_tokens": {**max_new_tokens, "minimum": 0, "description": (
+                            "0 only with echo: the prompt alone, with its tokens' logprobs")}}),
+            # Refused unless null.
+            "suffix": only(None, STRING),
+        }, ["prompt"], closed=True),
+        "MindIEInferRequest": obj({"inputs": PROMPT, "id": nullable(REQUEST_ID),
+                                   "stream": nullable(BOOLEAN),
+                                   "parameters": nullable(ref("Parameters"))}, ["inputs"]),
+        "MindIEInferTokenRequest": obj({"input_id": PROMPT_IDS, "id": nullable(REQUEST_ID),
+                                        "stream": nullable(BOOLEAN),
+                                        "parameters": nullable(ref("Parameters"))},
+                                       ["input_id"]),
+        "TokenizerRequest": obj({"inputs": STRING, "do_decode": nullable(BOOLEAN)}, ["inputs"]),
+        "VllmTokenizeRequest": {"oneOf": [
+            obj({"model": STRING, "prompt": STRING, "add_special_tokens": BOOLEAN,
+                 "return_token_strs": BOOLEAN}, ["prompt"], closed=True),
+            obj({"model": STRING, "messages": array(MESSAGE, minItems=1),
+                 "add_special_tokens": only(False, BOOLEAN), "return_token_strs": BOOLEAN,
+                 **optional(CHAT_TEMPLATE_OPTIONS)},
+                ["messages"], closed=True)]},
+        "VllmDetokenizeRequest": obj({"model": STRING, "tokens": array(TOKEN_ID)}, ["tokens"],
+                                     closed=True),
+    }
+
 
 
 # --- replies ----------------------------------------------------------------------------------
@@ -845,9 +937,9 @@ PLANES = {
 }
 
 
-def document(routes: Iterable[Route]) -> JSON:
-    """The OpenAPI document of `routes`; a route served on several planes (one server, one
-    port) is listed once, tagged with each."""
+def document(routes: Iterable[Route], limits: Limits) -> JSON:
+    """The OpenAPI document of `routes`, their parameters within the server's `limits`; a
+    route served on several planes (one server, one port) is listed once, tagged with each."""
     paths: dict[str, JSON] = {}
     planes: dict[tuple[str, str], list[str]] = {}
     answered = {shape.name: set(shape.statuses) for shape in SHAPES}
@@ -882,7 +974,8 @@ def document(routes: Iterable[Route]) -> JSON:
                  for name, description in tags.items() if name in used],
         "paths": paths,
         "components": {
-            "schemas": {**REQUESTS, **REPLIES, **{shape.name: shape.schema for shape in SHAPES}},
+            "schemas": {**requests(limits), **REPLIES,
+                        **{shape.name: shape.schema for shape in SHAPES}},
             "responses": {f"{shape.name}{status}": {
                 "description": f"{HTTPStatus(status).phrase}, in the protocol's error shape",
                 "content": {"application/json": {"schema": shape.at(status)}}}
@@ -928,5 +1021,5 @@ def served_routes(application: tornado.web.Application) -> list[Route]:
 class OpenAPIHandler(Handler):
     """GET /openapi.json: the description of the routes this server serves."""
 
-    def get(self) -> None:
-        self.write_json(document(served_routes(self.application)))
+    async def get(self) -> None:
+        self.write_json(document(served_routes(self.application), await self.parameter_limits()))

@@ -32,6 +32,11 @@ MINDIE_IGNORED_FLAGS = ("details", "perf_stat", "watermark")
 MINDIE_IGNORED_COUNT = "batch_size"
 # MindIE's interfaces document its seeds in [1, 2^64 - 1]; the engine takes 0 too (TGI's u64).
 MINDIE_MIN_SEED = 1
+# What answers of one sequence without log-probabilities (KServe v2's tensors, and MindIE's
+# replies, which share its parameters) have no place for: log-probabilities always, and n and
+# best_of but at 1.
+UNCARRIED = frozenset({"logprobs", "top_logprobs", "prompt_logprobs"})
+SINGLE_SEQUENCE = frozenset({"n", "best_of"})
 
 
 class FieldError(ValueError):

@@ -14,6 +14,9 @@ NAMES = {"max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens",
 DEFAULT_MAX_TOKENS = 16  # vLLM's SamplingParams default
 INT64 = range(-2**63, 2**63)
 UINT64_SPAN = 2**64
+# vLLM's values that mean "none": no top-k cut, and a random seed.
+NO_TOP_K = -1
+RANDOM_SEED = -1
 
 
 def refusal(values: Mapping[str, object]) -> tuple[str, str] | None:
@@ -46,7 +49,7 @@ def apply_vllm_defaults(values: MutableMapping[str, object],
         values["do_sample"] = False
     else:
         values.setdefault("do_sample", True)
-    if values.get("top_k") == -1:
+    if values.get("top_k") == NO_TOP_K:
         values["top_k"] = 0
     if "seed" in values:
         seed = seed_as_uint64(values.pop("seed"))
@@ -58,4 +61,4 @@ def seed_as_uint64(seed: int) -> int | None:
     """vLLM's seed (an int64) as the engine's (a uint64): -1 is none (a random seed), as
     vLLM reads it; another negative seed is its two's complement, seed + 2^64 (as torch reads
     a negative seed), so that every int64 keeps its own seed."""
-    return None if seed == -1 else seed % UINT64_SPAN
+    return None if seed == RANDOM_SEED else seed % UINT64_SPAN

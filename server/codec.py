@@ -45,12 +45,10 @@ MICROSECONDS = 1_000_000
 JSON_PARAMETERS = {"stop": "array", "stop_token_ids": "array", "allowed_token_ids": "array",
                    "logit_bias": "object", "guided_json": "object", "guided_choice": "array"}
 JSON_OPENINGS = {"array": "[", "object": "{"}
-UNCARRIED_PARAMETERS = frozenset({"logprobs", "top_logprobs", "prompt_logprobs"})
 # MindIE's Triton token interface: request ids of at most 256 of these characters, and at most
 # 1024 * 1024 prompt token ids (besides maxInputTokenLen and maxSeqLen).
 CLIENT_ID = re.compile(r"[A-Za-z0-9_-]{1,256}")
 MAX_TOKEN_INPUTS = 1024 * 1024
-SINGLE_SEQUENCE_PARAMETERS = frozenset({"n", "best_of"})
 
 
 class InputKind(enum.Enum):
@@ -267,10 +265,10 @@ def parameters_from_pb(parameters: Mapping[str, pb.InferParameter]) -> dict[str,
 
 def _carried(values: dict[str, object]) -> dict[str, object]:
     """values, refused if they ask for what KServe v2 responses cannot carry."""
-    for name in UNCARRIED_PARAMETERS & values.keys():
+    for name in generation_fields.UNCARRIED & values.keys():
         raise InvalidRequest(name, "is not available over KServe v2 gRPC: its responses have no "
                              "place for log-probabilities (switchboard.v1.Generation has)")
-    for name in SINGLE_SEQUENCE_PARAMETERS & values.keys():
+    for name in generation_fields.SINGLE_SEQUENCE & values.keys():
         if values[name] != 1:
             raise InvalidRequest(name, "only 1 is available over KServe v2 gRPC: its responses "
                                  "carry one sequence (switchboard.v1.Generation's carry n)")

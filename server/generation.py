@@ -26,6 +26,7 @@ from switchboard.server import codec
 from switchboard.server.errors import refusal
 from switchboard.server.json_text import decode_json
 from switchboard.server.kv_transfer import KVHandoff
+from switchboard.server.model_info import parameter_limits_pb
 from switchboard.server.served_model import ServedModel
 from switchboard.server.servicer import InferenceServicer, engine_errors
 
@@ -108,6 +109,12 @@ class GenerationServicer(sb_grpc.GenerationServicer):
         check_vocabulary("token_ids", request.token_ids, engine.limits)
         return sb.DetokenizeResponse(text=engine.decode(request.token_ids,
                                                         skip_special_tokens=False))
+
+    @engine_errors
+    async def GetParameterLimits(self, request: sb.GetParameterLimitsRequest,
+                                 context: grpc.aio.ServicerContext
+                                 ) -> sb.GetParameterLimitsResponse:
+        return parameter_limits_pb(self.served.named_engine(request.model_name))
 
 
 def chat_prompt(messages: sb.ChatMessages) -> ChatPrompt:

@@ -1,12 +1,15 @@
 """What the server says about its model: KServe v2 metadata, Triton's model config and
-statistics."""
+statistics, and the limits of switchboard.v1's generation parameters."""
 
 from __future__ import annotations
 
+import math
+
 from switchboard.engine.protocol import EngineClient
-from switchboard.engine.validation import MAX_STOP_SEQUENCES, MAX_TOP_LOGPROBS
+from switchboard.engine.validation import MAX_STOP_SEQUENCES, MAX_TOP_LOGPROBS, parameter_limits
 from switchboard.proto import grpc_service_pb2 as pb
 from switchboard.proto import model_config_pb2 as mc
+from switchboard.proto import switchboard_pb2 as sb
 from switchboard.proto.vllm_backend_tensors import CONTROL_INPUTS, EXTRA_OUTPUTS
 from typing import TYPE_CHECKING
 
@@ -87,6 +90,25 @@ def model_config(model_name: str, engine: EngineClient | None) -> pb.ModelConfig
                            ("world_size", WORLD_SIZE)):
             config.parameters[key].string_value = str(value)
     return pb.ModelConfigResponse(config=config)
+
+
+def parameter_limits_pb(engine: EngineClient) -> sb.GetParameterLimitsResponse:
+    """The engine's limits of each parameter (`parameter_limits`); an infinite bound is
+    none."""
+    response = sb.GetParameterLimitsResponse()
+    for name, limits in parameter_limits(engine.limits).items():
+        published = response.parameters[name]
+        published.min_items, published.min_length = limits.min_items, limits.min_length
+        if limits.max_items is not None:
+            published.max_items = limits.max_items
+        if (interval := limits.interval) is not None:
+            if not math.isinf(interval.low):
+                published.minimum = interval.low
+                published.exclusive_minimum = interval.low_open
+            if not math.isinf(interval.high):
+                published.maximum = interval.high
+                published.exclusive_maximum = interval.high_open
+    return response
 
 
 def model_statistics(model_name: str, totals: InferenceTotals,

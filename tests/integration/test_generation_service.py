@@ -536,6 +536,24 @@ def test_stop_infer_stops_every_sequence_and_every_request_sharing_the_id(
 
 # --- KServe repository index and reflection ----------------------------------------------------
 
+def test_the_published_parameter_limits_are_what_generate_checks(generation, inference) -> None:
+    """GetParameterLimits (which the gateway's OpenAPI documents state): the engine's ranges,
+    n within this server's maxBestOf, the stop strings' most; past a bound, Generate refuses
+    the field."""
+    limits = generation.GetParameterLimits(sb.GetParameterLimitsRequest(), timeout=10).parameters
+    top_p = limits["top_p"]
+    assert (top_p.minimum, top_p.exclusive_minimum, top_p.maximum, top_p.exclusive_maximum) == (
+        0, True, 1, False)
+    assert not limits["temperature"].HasField("maximum")
+    config = inference.ModelConfig(pb.ModelConfigRequest(name=MODEL), timeout=10).config
+    assert limits["n"].maximum == int(config.parameters["max_sequences"].string_value)
+    assert limits["stop"].max_items == int(config.parameters["max_stop_sequences"].string_value)
+    error = rpc_error(generation, request(text=QUESTION, top_p=top_p.maximum + 0.5))
+    assert field_violations(error)[0][0] == "top_p"
+    assert generation.GetParameterLimits(sb.GetParameterLimitsRequest(model_name=MODEL),
+                                         timeout=10).parameters == limits
+
+
 def test_repository_index_lists_the_served_model(inference) -> None:
     for ready in (False, True):
         index = inference.RepositoryIndex(pb.RepositoryIndexRequest(ready=ready), timeout=10)
@@ -617,6 +635,8 @@ def test_reflection_lists_generation_and_management(channel) -> None:
         "Tokenize": (".switchboard.v1.TokenizeRequest", ".switchboard.v1.TokenizeResponse", False),
         "Detokenize": (".switchboard.v1.DetokenizeRequest", ".switchboard.v1.DetokenizeResponse",
                        False),
+        "GetParameterLimits": (".switchboard.v1.GetParameterLimitsRequest",
+                               ".switchboard.v1.GetParameterLimitsResponse", False),
         "InferStream": (".inference.ModelInferRequest", ".inference.ModelStreamInferResponse", True),
     }
 

@@ -1,12 +1,13 @@
 """The OpenAPI document (gateway/openapi.py) against the route table and the server's ranges:
 every route pattern and every method its handler implements is described, nothing else is;
 the document is well-formed OpenAPI 3.0.3 (checked by hand: openapi-spec-validator is not a
-dependency); the request parameters' ranges are the engine's. Fuzzing it against the real
-gateway is tests/peers/test_openapi_contract.py."""
+dependency); the request parameters' ranges are those the server publishes from the engine's
+validation, and follow them when they change; the request bodies' fields are the translators'.
+Fuzzing it against the real gateway is tests/peers/test_openapi_contract.py."""
 
 from __future__ import annotations
 
-import dataclasses
+import asyncio
 import math
 import re
 from collections.abc import Iterator
@@ -16,15 +17,26 @@ import pytest
 import tornado.web
 
 from switchboard.engine import validation
+from switchboard.engine.config import EngineLimits
 from switchboard.gateway import openapi
 from switchboard.gateway.app import ROUTES, make_app
 from switchboard.gateway.config import Plane
-from switchboard.gateway.protocols import openai, tgi
+from switchboard.gateway.handler import PublishedLimits
+from switchboard.gateway.protocols import openai, tgi, vllm
 from switchboard.proto import generation_fields
+from switchboard.proto import switchboard_pb2 as sb
+from switchboard.server.model_info import parameter_limits_pb
 
 ALL_ROUTES = [openapi.Route(plane.value, pattern, handler, name)
               for plane, rules in ROUTES.items() for pattern, handler, name in rules]
-DOCUMENT = openapi.document(ALL_ROUTES)
+# A server configured below the engine's most sequences (maxBestOf), as an operator may.
+ENGINE_LIMITS = EngineLimits(vocab_size=100, max_seq_len=64, max_input_len=63,
+                             max_iter_times=32, max_token_bytes=8, max_best_of=4)
+ENGINE_TABLE = validation.parameter_limits(ENGINE_LIMITS)
+# What the server publishes (GetParameterLimits) for that engine.
+PUBLISHED = parameter_limits_pb(SimpleNamespace(limits=ENGINE_LIMITS)).parameters
+DOCUMENT = openapi.document(ALL_ROUTES, PUBLISHED)
+SCHEMAS = DOCUMENT["components"]["schemas"]
 HTTP_METHODS = ("get", "head", "post", "delete", "patch", "put", "options")
 # The Schema Object's keywords in OpenAPI 3.0.3.
 SCHEMA_KEYWORDS = {
@@ -78,7 +90,7 @@ def test_path_templates_expand_optional_groups() -> None:
 def test_a_plane_on_its_own_port_serves_its_own_document(plane, served, elsewhere) -> None:
     services = SimpleNamespace(metrics=SimpleNamespace(record=lambda handler: None))
     application = make_app([plane], services)
-    document = openapi.document(openapi.served_routes(application))
+    document = openapi.document(openapi.served_routes(application), PUBLISHED)
     assert {served, "/openapi.json"} <= set(document["paths"])
     assert elsewhere not in document["paths"]
     assert document["paths"]["/openapi.json"]["get"]["tags"][0] == plane.value
@@ -87,7 +99,7 @@ def test_a_plane_on_its_own_port_serves_its_own_document(plane, served, elsewher
 def test_a_shared_port_serves_one_document_of_both_planes() -> None:
     services = SimpleNamespace(metrics=SimpleNamespace(record=lambda handler: None))
     application = make_app([Plane.BUSINESS, Plane.MANAGEMENT], services)
-    document = openapi.document(openapi.served_routes(application))
+    document = openapi.document(openapi.served_routes(application), PUBLISHED)
     assert {"/v1/chat/completions", "/v1/status", "/openapi.json"} <= set(document["paths"])
     assert "/metrics" not in document["paths"]
     assert document["paths"]["/health"]["get"]["tags"] == ["business", "management", "tgi"]
@@ -120,9 +132,32 @@ def test_invocations_errors_are_tgis_or_openais_as_each_answers_the_status() -> 
     assert shapes_at(404) == shapes_at(503) == ["TgiError", "OpenAIError"]
 
 
-@pytest.mark.parametrize("name", sorted(openapi.PARAMETERS))
-def test_request_parameters_have_the_engines_ranges(name: str) -> None:
-    schema = openapi.PARAMETERS[name]
+def assert_within(schema: dict, limits: validation.ParameterLimits) -> None:
+    """`schema` accepts what the engine's `limits` accept (a number's interval; a list's item
+    counts; its strings' length), and nothing else of its type."""
+    if limits.interval is not None:
+        interval = limits.interval
+        if schema["type"] == "integer":
+            assert schema["minimum"] == interval.low
+            assert schema["maximum"] == min(interval.high, generation_fields.UINT64_RANGE[-1])
+        else:
+            assert schema["type"] == "number"
+            assert (schema["minimum"], schema.get("exclusiveMinimum", False)) == (
+                interval.low, interval.low_open)
+            assert schema.get("maximum", math.inf) == interval.high
+            assert schema.get("exclusiveMaximum", False) == (
+                interval.high_open and not math.isinf(interval.high))
+    lists = [schema] if schema.get("type") == "array" else [
+        alternative for alternative in schema.get("oneOf", []) if alternative["type"] == "array"]
+    for listed in lists:
+        assert listed.get("minItems", 0) == limits.min_items
+        assert listed.get("maxItems") == limits.max_items
+        assert listed["items"].get("minLength", 0) == limits.min_length
+
+
+@pytest.mark.parametrize("name", sorted(openapi.mindie_parameters(PUBLISHED)))
+def test_request_parameters_are_within_what_the_engine_accepts(name: str) -> None:
+    schema = openapi.mindie_parameters(PUBLISHED)[name]
     if name in generation_fields.MINDIE_IGNORED_FLAGS:
         assert schema["type"] == "boolean"
         return
@@ -130,19 +165,16 @@ def test_request_parameters_have_the_engines_ranges(name: str) -> None:
         assert (schema["type"], schema["minimum"]) == ("integer", 1)
         return
     assert name in validation.SUPPORTED_PARAMS
-    if name in validation.INT_RANGES:
-        # These are MindIE's routes' and Triton's: MindIE's seeds.
-        interval = validation.INT_RANGES[name]
-        if name == "seed":
-            interval = dataclasses.replace(interval, low=generation_fields.MINDIE_MIN_SEED)
-        assert (schema["type"], schema["minimum"], schema["maximum"]) == (
-            "integer", interval.low, interval.high)
-    elif name in validation.FLOAT_RANGES:
-        interval = validation.FLOAT_RANGES[name]
-        assert schema["type"] == "number"
-        assert (schema["minimum"], schema.get("exclusiveMinimum", False)) == (
-            interval.low, interval.low_open)
-        assert schema.get("maximum", math.inf) == interval.high
+    assert name not in generation_fields.UNCARRIED | generation_fields.SINGLE_SEQUENCE
+    if name == "seed":
+        # MindIE's seeds are positive.
+        assert (schema["minimum"], schema["maximum"]) == (
+            generation_fields.MINDIE_MIN_SEED, validation.UINT64_MAX)
+    elif name in ("logit_bias", "guided_json"):
+        # KServe's parameters carry them as their JSON text.
+        assert schema["type"] == "string"
+    elif name in ENGINE_TABLE:
+        assert_within(schema, ENGINE_TABLE[name])
     elif name in validation.BOOL_PARAMS:
         assert schema["type"] == "boolean"
 
@@ -151,22 +183,77 @@ def test_request_parameters_have_the_engines_ranges(name: str) -> None:
     ("ChatCompletionRequest", openai.CHAT_FIELDS),
     ("CompletionRequest", openai.COMPLETION_FIELDS),
     ("TgiParameters", tgi.PARAMETERS),
+    ("VllmRequest", vllm.SAMPLING_FIELDS | {"prompt", "stream"}),
 ])
 def test_request_fields_are_those_the_translator_reads(schema: str, fields: frozenset[str]) -> None:
     """A field the translator reads but the document lacks would be refused by a client that
     validates against it; one the document lists but the translator refuses would be a lie."""
-    assert set(openapi.REQUESTS[schema]["properties"]) == fields
+    assert set(SCHEMAS[schema]["properties"]) == fields
 
 
-def test_shared_ranges_are_the_engines() -> None:
-    for schema, name in [(openapi.SEQUENCES, "n"), (openapi.SEQUENCES, "best_of"),
-                         (openapi.TOP_LOGPROBS, "top_logprobs"),
-                         (openapi.TRUNCATE, "truncate"), (openapi.TGI_SEED, "seed")]:
-        interval = validation.INT_RANGES[name]
-        assert (schema["minimum"], schema["maximum"]) == (interval.low, interval.high), name
-    assert openapi.STOP["oneOf"][1]["maxItems"] == validation.MAX_STOP_SEQUENCES
-    bias = validation.LOGIT_BIAS_RANGE
-    assert (openapi.LOGIT_BIAS["minimum"], openapi.LOGIT_BIAS["maximum"]) == (bias.low, bias.high)
+@pytest.mark.parametrize(("schema", "field", "parameter"), [
+    ("TgiParameters", "best_of", "n"), ("TgiParameters", "top_n_tokens", "top_logprobs"),
+    ("TgiParameters", "truncate", "truncate"), ("TgiParameters", "seed", "seed"),
+    ("TgiParameters", "stop", "stop"), ("TgiParameters", "temperature", "temperature"),
+    ("ChatCompletionRequest", "n", "n"), ("ChatCompletionRequest", "top_logprobs", "top_logprobs"),
+    ("ChatCompletionRequest", "stop", "stop"), ("CompletionRequest", "best_of", "best_of"),
+    ("CompletionRequest", "logprobs", "top_logprobs"),
+    ("VllmRequest", "min_tokens", "min_new_tokens"),
+    ("GenerateParameters", "max_tokens", "max_new_tokens"),
+])
+def test_other_protocols_fields_are_within_what_the_engine_accepts(
+        schema: str, field: str, parameter: str) -> None:
+    assert_within(SCHEMAS[schema]["properties"][field], ENGINE_TABLE[parameter])
+
+
+def test_the_engines_table_is_the_servers_configuration() -> None:
+    """n and best_of stop at this server's maxBestOf, below the engine's own most."""
+    assert ENGINE_TABLE["n"].interval.high == ENGINE_TABLE["best_of"].interval.high == 4 \
+        < validation.INT_RANGES["n"].high
+    assert SCHEMAS["TgiParameters"]["properties"]["best_of"]["maximum"] == 4
+
+
+def test_the_document_follows_what_the_server_publishes() -> None:
+    """Nothing is restated: change a published limit and every protocol's field built on it
+    changes with it (vLLM's temperature keeps its own low end, 0: greedy)."""
+    changed = dict(PUBLISHED)
+    changed["temperature"] = sb.ParameterLimits(minimum=0.5, maximum=7)
+    changed["stop"] = sb.ParameterLimits(max_items=3)
+    schemas = openapi.document(ALL_ROUTES, changed)["components"]["schemas"]
+    temperatures = [schemas["Parameters"]["properties"]["temperature"],
+                    schemas["TgiParameters"]["properties"]["temperature"],
+                    schemas["ChatCompletionRequest"]["properties"]["temperature"]]
+    assert [(t["minimum"], t["maximum"]) for t in temperatures] == [(0.5, 7), (0.5, 7), (0, 7)]
+    stops = [schemas[name]["properties"]["stop"] for name in ("TgiParameters", "CompletionRequest")]
+    assert all(alternative["maxItems"] == 3 for stop in stops for alternative in stop["oneOf"]
+               if alternative.get("type") == "array")
+
+
+def test_vllms_readings_are_its_own() -> None:
+    """vLLM's temperature 0 (greedy), top_k -1 (no cut) and int64 seed (-1: random), which
+    its translators read onto the engine's ranges (vllm_sampling)."""
+    properties = SCHEMAS["VllmRequest"]["properties"]
+    assert properties["temperature"]["minimum"] == 0
+    assert "exclusiveMinimum" not in properties["temperature"]
+    assert properties["top_k"]["minimum"] == -1
+    assert (properties["seed"]["minimum"], properties["seed"]["maximum"]) == (
+        -2**63, 2**63 - 1)
+
+
+def test_the_gateway_asks_the_server_for_its_limits_once() -> None:
+    asked = []
+
+    async def ask() -> sb.GetParameterLimitsResponse:
+        asked.append(True)
+        return sb.GetParameterLimitsResponse(parameters=PUBLISHED)
+
+    async def twice() -> tuple:
+        limits = PublishedLimits()
+        return await limits.get(ask), await limits.get(ask)
+
+    first, second = asyncio.run(twice())
+    assert first == second == dict(PUBLISHED)
+    assert len(asked) == 1
 
 
 # --- OpenAPI 3.0.3 structure ------------------------------------------------------------------
