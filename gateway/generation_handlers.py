@@ -16,7 +16,8 @@ from switchboard.gateway.errors import RequestError
 from switchboard.gateway.handler import METADATA_TIMEOUT_S, Handler, Services
 from switchboard.gateway.handoff import HandedOff
 from switchboard.gateway.protocols import mindie, openai, openai_responses, sagemaker, tgi, vllm
-from switchboard.gateway.protocols.exchange import Exchange, GenerationProtocol
+from switchboard.gateway.protocols.exchange import (Exchange, GenerationProtocol, Protocol,
+                                                   TokenizeProtocol)
 from switchboard.gateway.protocols.kserve import parse_json
 from switchboard.proto import grpc_service_pb2 as pb
 from switchboard.proto import switchboard_pb2 as sb
@@ -54,30 +55,40 @@ class GenerationHandler(Handler):
         self.finish_empty()
 
 
-class GenerationRoute(GenerationHandler):
-    """Every generation route: the route's protocol (`protocol`, or the one its body speaks)
-    translates the body into calls of Generate, whose responses its answer renders, whole or
-    streamed; errors come in that protocol's shape."""
+class ProtocolRoute(GenerationHandler):
+    """A route of a protocol (`protocol`, or the one its body speaks: `speaker`), whose
+    errors come in that protocol's shape."""
 
     runs_inference = True
-    protocol: GenerationProtocol
+    protocol: Protocol
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        cls.status_table = cls.protocol.status_table
+        if "protocol" in vars(cls):
+            cls.status_table = cls.protocol.status_table
 
     def initialize(self, services: Services, route: str) -> None:
         super().initialize(services, route)
         self.speaker = self.protocol
+
+    def error_document(self, error: BaseException | None, status: int) -> tuple[int, object]:
+        status, message, field = self.describe_error(error, status)
+        return self.speaker.error_document(status, message, field, error)
+
+
+class GenerationRoute(ProtocolRoute):
+    """Every generation route: its protocol translates the body into calls of Generate, whose
+    responses its answer renders, whole or streamed."""
+
+    protocol: GenerationProtocol
+
+    def initialize(self, services: Services, route: str) -> None:
+        super().initialize(services, route)
         self.exchange: Exchange | None = None
 
     def error_terms(self) -> tuple[Mapping[grpc.StatusCode, int], Mapping[str, str]]:
         return (self.speaker.status_table,
                 {} if self.exchange is None else self.exchange.names)
-
-    def error_document(self, error: BaseException | None, status: int) -> tuple[int, object]:
-        status, message, field = self.describe_error(error, status)
-        return self.speaker.error_document(status, message, field, error)
 
     async def post(self) -> None:
         document = parse_json(self.body)
@@ -150,34 +161,20 @@ class InfoHandler(TgiHandler):
         self.write_json(tgi.info_json(name, parameters, await self.server_version()))
 
 
-class TokenizeHandler(TgiHandler):
+class TokenizeHandler(ProtocolRoute):
     """POST /tokenize: TGI's (`inputs`) or vLLM's (`prompt` or `messages`) by the body, and so
-    are its errors: vLLM's are its OpenAI server's (400, `{"error": {"message", "type",
-    "param", "code"}}`), as on its /detokenize."""
+    are its errors."""
 
-    runs_inference = True
+    protocol = vllm.TGI_OR_VLLM_TOKENIZE
+    speaker: TokenizeProtocol
 
-    def initialize(self, services: Services, route: str) -> None:
-        super().initialize(services, route)
-        self.speaks_vllm = False
+    def error_terms(self) -> tuple[Mapping[grpc.StatusCode, int], Mapping[str, str]]:
+        return self.speaker.status_table, self.speaker.names
 
     async def post(self) -> None:
         document = parse_json(self.body)
-        if tgi.is_tgi(document):
-            request = tgi.tokenize_request_to_pb(document)
-            self.write_json(tgi.tokenize_reply(await self.tokenize(request), request.text))
-            return
-        self.speaks_vllm = True
-        request, token_strs = vllm.tokenize_request_to_pb(document)
-        self.write_json(vllm.tokenize_reply(await self.tokenize(request), token_strs))
-
-    def error_terms(self) -> tuple[Mapping[grpc.StatusCode, int], Mapping[str, str]]:
-        return (openai.HTTP_STATUS, {}) if self.speaks_vllm else super().error_terms()
-
-    def error_document(self, error: BaseException | None, status: int) -> tuple[int, object]:
-        if not self.speaks_vllm:
-            return super().error_document(error, status)
-        return openai.error_document(*self.describe_error(error, status), error)
+        self.speaker = self.protocol.speaking(document)
+        self.write_json(await self.speaker.answer(document, self.tokenize))
 
 
 class ChatTokenizeHandler(TgiHandler):

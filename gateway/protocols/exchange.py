@@ -1,6 +1,7 @@
-"""What a generation route's protocol gives the gateway's one generation handler: the
-switchboard.v1 requests a body becomes (`Exchange`), how their responses are answered
-(`Answer`), and the protocol's error shape (`GenerationProtocol`)."""
+"""What a route's protocol gives the gateway's handlers: its error shape and which protocol a
+body speaks (`Protocol`); for the one generation handler, the switchboard.v1 requests a body
+becomes (`Exchange`) and how their responses are answered (`Answer`); for /tokenize, the
+reply from the server's tokenizer (`TokenizeProtocol`)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from switchboard.proto import switchboard_pb2 as sb
 
 # The served model's name, asked of the server when a protocol's answer must name it.
 ServedModel = Callable[[], Awaitable[str]]
+# The server's tokenizer (switchboard.v1 Tokenize).
+Tokenizer = Callable[[sb.TokenizeRequest], Awaitable[sb.TokenizeResponse]]
 
 
 class Answer:
@@ -62,19 +65,33 @@ class Exchange:
     names: Mapping[str, str]
 
 
-class GenerationProtocol:
-    """A protocol's generation route: its translation (`exchange`), its HTTP statuses, and its
-    error body for a status, a message and the field at fault."""
+class Protocol:
+    """A route's protocol: its HTTP statuses, its error body for a status, a message and the
+    field at fault, and the protocol a body speaks (this one, but on routes shared by
+    several)."""
 
     status_table: Mapping[grpc.StatusCode, int]
 
-    def speaking(self, document: object) -> GenerationProtocol:
-        """The protocol a body speaks: this one, but for routes shared by several."""
+    def speaking(self, document: object) -> Protocol:
         return self
+
+    def error_document(self, status: int, message: str, field: str | None,
+                       error: BaseException | None) -> tuple[int, object]:
+        raise NotImplementedError
+
+
+class GenerationProtocol(Protocol):
+    """A protocol's generation route: its translation (`exchange`)."""
 
     async def exchange(self, document: object, served_model: ServedModel) -> Exchange:
         raise NotImplementedError
 
-    def error_document(self, status: int, message: str, field: str | None,
-                       error: BaseException | None) -> tuple[int, object]:
+
+class TokenizeProtocol(Protocol):
+    """A protocol's /tokenize: the reply to a body from the server's tokenizer (`answer`);
+    `names`, the protocol's field names → the server's, name the fields of its errors."""
+
+    names: Mapping[str, str] = {}
+
+    async def answer(self, document: object, tokenize: Tokenizer) -> object:
         raise NotImplementedError

@@ -31,7 +31,8 @@ import grpc
 from google.protobuf import json_format
 
 from switchboard.gateway.errors import KSERVE_HTTP_STATUS, bad_request
-from switchboard.gateway.protocols.exchange import Answer, Exchange, GenerationProtocol, ServedModel
+from switchboard.gateway.protocols.exchange import (Answer, Exchange, GenerationProtocol, Protocol,
+                                                   ServedModel)
 from switchboard.gateway.protocols.generation import (Generation, add_output_format, generate_request,
                                           optional_bool, renamed)
 from switchboard.gateway.protocols import openai_tools
@@ -575,7 +576,7 @@ class CompletionAnswer(Answer):
         return sse_event(body) + DONE_EVENT
 
 
-class OpenAIProtocol(GenerationProtocol):
+class OpenAIErrors(Protocol):
     """OpenAI's routes' errors: `{"error": {"message", "type", "param", "code"}}`."""
 
     status_table = HTTP_STATUS
@@ -583,6 +584,10 @@ class OpenAIProtocol(GenerationProtocol):
     def error_document(self, status: int, message: str, field: str | None,
                        error: BaseException | None) -> tuple[int, object]:
         return error_document(status, message, field, error)
+
+
+class OpenAIProtocol(OpenAIErrors, GenerationProtocol):
+    """OpenAI's generation routes."""
 
 
 class CompletionsProtocol(OpenAIProtocol):

@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 import grpc
 
 from switchboard.gateway.errors import KSERVE_HTTP_STATUS, bad_request
-from switchboard.gateway.protocols.exchange import Answer, Exchange, GenerationProtocol, ServedModel
+from switchboard.gateway.protocols.exchange import (Answer, Exchange, GenerationProtocol, Protocol,
+                                                   ServedModel, TokenizeProtocol, Tokenizer)
 from switchboard.gateway.protocols.generation import (Generation, SequenceResult, add_output_format,
                                           generate_request, optional_bool, renamed)
 from switchboard.gateway.protocols.kserve import refuse_unknown, require_object, required_string
@@ -272,11 +273,19 @@ class TgiAnswer(Answer):
         return [answer] if self.compat else answer
 
 
-class TgiProtocol(GenerationProtocol):
-    """TGI's generate routes; `stream` None lets the body's `stream` decide, and `compat`
-    answers a one-element array (POST /)."""
+class TgiErrors(Protocol):
+    """TGI's statuses and error body `{"error", "error_type"}`."""
 
     status_table = HTTP_STATUS
+
+    def error_document(self, status: int, message: str, field: str | None,
+                       error: BaseException | None) -> tuple[int, object]:
+        return error_document(status, message)
+
+
+class TgiProtocol(TgiErrors, GenerationProtocol):
+    """TGI's generate routes; `stream` None lets the body's `stream` decide, and `compat`
+    answers a one-element array (POST /)."""
 
     def __init__(self, stream: bool | None = False, compat: bool = False) -> None:
         self.stream = stream
@@ -287,9 +296,15 @@ class TgiProtocol(GenerationProtocol):
         return Exchange([request], options.deadline_s, options.stream,
                         TgiAnswer(options, self.compat), options.names)
 
-    def error_document(self, status: int, message: str, field: str | None,
-                       error: BaseException | None) -> tuple[int, object]:
-        return error_document(status, message)
+
+class TgiTokenize(TgiErrors, TokenizeProtocol):
+    """POST /tokenize with TGI's body, of which only `inputs` matters."""
+
+    names = NAMES
+
+    async def answer(self, document: object, tokenize: Tokenizer) -> object:
+        request = tokenize_request_to_pb(document)
+        return tokenize_reply(await tokenize(request), request.text)
 
 
 GENERATE = TgiProtocol()

@@ -21,12 +21,13 @@ import json
 import grpc
 
 from switchboard.gateway.errors import bad_request
-from switchboard.gateway.protocols.exchange import Answer, Exchange, GenerationProtocol, ServedModel
+from switchboard.gateway.protocols.exchange import (Answer, Exchange, GenerationProtocol, Protocol,
+                                                   ServedModel, TokenizeProtocol, Tokenizer)
 from switchboard.gateway.protocols.generation import (Generation, generate_request,
                                           optional_bool, renamed)
 from switchboard.gateway.protocols.kserve import (optional_string, refuse_unknown, require_object,
                                       required_string)
-from switchboard.gateway.protocols.openai import TEMPLATE_FIELDS, chat_messages
+from switchboard.gateway.protocols.openai import TEMPLATE_FIELDS, OpenAIErrors, chat_messages
 from switchboard.gateway.protocols.parameters import UINT32_MAX, json_type
 from switchboard.gateway.protocols import tgi
 from switchboard.proto import switchboard_pb2 as sb
@@ -144,6 +145,26 @@ def tokenize_reply(response: sb.TokenizeResponse, token_strs: bool) -> dict[str,
     return {"count": len(response.ids), "max_model_len": response.max_sequence_length,
             "tokens": list(response.ids),
             "token_strs": list(response.vocabulary_strings) if token_strs else None}
+
+
+class VllmTokenize(OpenAIErrors, TokenizeProtocol):
+    """POST /tokenize with vLLM's body (`prompt` or `messages`); its errors are its OpenAI
+    server's (400, `{"error": {"message", "type", "param", "code"}}`), as on its /detokenize."""
+
+    async def answer(self, document: object, tokenize: Tokenizer) -> object:
+        request, token_strs = tokenize_request_to_pb(document)
+        return tokenize_reply(await tokenize(request), token_strs)
+
+
+class SharedTokenize(tgi.TgiTokenize):
+    """POST /tokenize: TGI's (`inputs`) or vLLM's (`prompt` or `messages`), by the body."""
+
+    def speaking(self, document: object) -> Protocol:
+        return self if tgi.is_tgi(document) else TOKENIZE
+
+
+TOKENIZE = VllmTokenize()
+TGI_OR_VLLM_TOKENIZE = SharedTokenize()
 
 
 def detokenize_request_to_pb(document: object) -> sb.DetokenizeRequest:

@@ -4,6 +4,7 @@ model; the server's GenerateResponse messages are built by hand."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -1291,6 +1292,32 @@ def test_tokenize_bodies_go_to_tgi_with_inputs_and_to_vllm_with_prompt_or_messag
     assert tgi.is_tgi({"inputs": "Hi"}) and tgi.is_tgi({}) and tgi.is_tgi([])
     assert tgi.is_tgi({"inputs": "Hi", "prompt": "x"})
     assert not tgi.is_tgi({"prompt": "Hi"}) and not tgi.is_tgi({"messages": []})
+
+
+def test_tokenize_speaks_the_bodys_protocol_and_answers_in_its_shape() -> None:
+    """POST /tokenize's protocol is chosen by the body, as the shared generation routes' are:
+    TGI's answers tokens with their characters and refuses in TGI's shape (422, naming
+    `inputs`); vLLM's answers counts and refuses in its OpenAI server's."""
+    shared = vllm.TGI_OR_VLLM_TOKENIZE
+    assert shared.speaking({"inputs": "Hi"}) is shared
+    assert shared.speaking({"prompt": "Hi"}) is shared.speaking({"messages": []}) is vllm.TOKENIZE
+    assert shared.error_document(400, "inputs: bad", "inputs", None) == (
+        422, {"error": "inputs: bad", "error_type": "validation"})
+    assert vllm.TOKENIZE.error_document(400, "bad", "prompt", None) == (
+        400, openai.error_body(400, "bad", "prompt"))
+    assert (shared.names, vllm.TOKENIZE.names) == (tgi.NAMES, {})
+
+    async def tokenize(request: sb.TokenizeRequest) -> sb.TokenizeResponse:
+        return sb.TokenizeResponse(ids=[7, 8], spans=[sb.TextSpan(start=0, stop=1),
+                                                      sb.TextSpan(start=1, stop=2)],
+                                   vocabulary_strings=["H", "i"], max_sequence_length=64)
+
+    assert asyncio.run(shared.answer({"inputs": "Hi"}, tokenize)) == [
+        {"id": 7, "text": "H", "start": 0, "stop": 1},
+        {"id": 8, "text": "i", "start": 1, "stop": 2}]
+    assert asyncio.run(vllm.TOKENIZE.answer({"prompt": "Hi", "return_token_strs": True},
+                                            tokenize)) == {
+        "count": 2, "max_model_len": 64, "tokens": [7, 8], "token_strs": ["H", "i"]}
 
 
 def test_tgi_tokenize_answers_each_token_with_its_characters() -> None:
