@@ -17,7 +17,6 @@ UINT32_MAX = 2**32 - 1
 DEFAULT_TIMEOUT_S = 600.0
 MAX_DEADLINE_S = 3600.0  # the longest timeout the server accepts
 MICROSECONDS = 1_000_000
-PRIORITY_RANGE = range(1, 6)
 # The server ends a request at its timeout with an error naming it; the call's deadline, a
 # backstop for a server that never answers, comes this much later so that this error, not
 # grpc's "Deadline Exceeded", is what the client reads.
@@ -45,22 +44,22 @@ def to_parameter(name: str, value: object) -> pb.InferParameter:
 
 def set_parameters(target: Mapping[str, pb.InferParameter], values: Mapping[str, object]) -> float:
     """Copy `values` (null ones are absent) into a request's parameter map, MindIE's
-    `priority` (1–5) and `timeout` (seconds) converted; returns the call's deadline in
+    `priority` (1 highest) and `timeout` (seconds) converted; returns the call's deadline in
     seconds (`call_deadline_s`)."""
     for name, value in values.items():
         if value is None:
             continue
+        # Out-of-range values are the server's to refuse; they only must fit on the way.
         if name == "priority":
-            if isinstance(value, bool) or not isinstance(value, int) or value not in PRIORITY_RANGE:
-                raise bad_request("priority", f"must be an integer in [1, 5] (1 highest); got "
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise bad_request("priority", f"must be a positive integer (1 highest); got "
                                   f"{json.dumps(value)}")
-            target[name].uint64_param = value
+            target[name].uint64_param = min(value, UINT64_MAX)
         elif name == "timeout":
             if isinstance(value, bool) or not isinstance(value, (int, float)) \
                     or not 0 < value < math.inf:
-                raise bad_request("timeout", f"must be a number of seconds in "
-                                  f"(0, {MAX_DEADLINE_S:g}]; got {json.dumps(value)}")
-            # Out-of-range timeouts are the server's to refuse; they only must fit on the way.
+                raise bad_request("timeout", f"must be a positive number of seconds; got "
+                                  f"{json.dumps(value)}")
             # At least 1 us: 0 would mean the default.
             capped = min(value, INT64_MAX // MICROSECONDS)
             target[name].int64_param = min(max(1, round(capped * MICROSECONDS)), INT64_MAX)

@@ -13,7 +13,8 @@ import pytest
 from switchboard.engine.errors import InvalidRequest, Overloaded
 from switchboard.gateway.errors import (KSERVE_HTTP_STATUS, RequestError, client_message,
                                         field_violation, http_status)
-from switchboard.gateway.protocols import kserve, triton
+from switchboard.engine import validation
+from switchboard.gateway.protocols import kserve, parameters, triton
 from switchboard.gateway.protocols.parameters import UPSTREAM_GRACE_S, set_parameters, to_parameter
 from switchboard.gateway.sse import sse_event
 from switchboard.proto import grpc_service_pb2 as pb
@@ -291,12 +292,29 @@ def test_a_timeout_under_a_microsecond_is_one_not_the_default() -> None:
 
 
 @pytest.mark.parametrize(("name", "value"), [
-    ("priority", 0), ("priority", 6), ("priority", "1"), ("priority", True), ("priority", 2.0),
+    ("priority", 0), ("priority", -1), ("priority", "1"), ("priority", True), ("priority", 2.0),
     ("timeout", 0), ("timeout", -1), ("timeout", "10"), ("timeout", True), ("timeout", float("nan")),
 ])
 def test_set_parameters_refuses_mindie_priority_and_timeout(name: str, value: object) -> None:
+    """What would change meaning on the way: gRPC reads a priority or timeout of 0 as the
+    default."""
     assert refused(set_parameters, pb.ModelInferRequest().parameters, {name: value}) \
         .startswith(f"{name}: ")
+
+
+@pytest.mark.parametrize(("value", "sent"), [(6, 6), (2**70, 2**64 - 1)])
+def test_a_priority_past_the_servers_range_travels_for_it_to_refuse(value: int, sent: int) -> None:
+    """The server owns the range (1 to 5), as it owns the timeout's."""
+    request = pb.ModelInferRequest()
+    set_parameters(request.parameters, {"priority": value})
+    assert request.parameters["priority"].uint64_param == sent
+
+
+def test_the_gateways_longest_deadline_is_the_servers_longest_timeout() -> None:
+    """The gateway bounds a call's deadline (and an old channel's grace) before it has asked
+    the server anything, so it keeps its own bound: it must not cut a timeout the server
+    accepts, nor wait longer than the server lets a request run."""
+    assert parameters.MAX_DEADLINE_S == validation.MAX_TIMEOUT_S
 
 
 # --- MindIE /generate ------------------------------------------------------------------------
@@ -344,7 +362,7 @@ def test_generate_top_level_properties_are_parameters_the_object_wins() -> None:
     ({"text_input": "x", "details": 1}, "details"),
     ({"text_input": "x", "parameters": {"perf_stat": "true"}}, "perf_stat"),
     *(({"text_input": "x", "parameters": {"priority": value}}, "priority")
-      for value in (0, 6, "1", True)),
+      for value in (0, -1, "1", True)),
     *(({"text_input": "x", "parameters": {"timeout": value}}, "timeout") for value in (0, -1, "10")),
     ({"text_input": "x", "parameters": {"seed": 2**64}}, "seed"),
     ({"text_input": "x", "parameters": {"stop": {"a": 1}}}, "stop"),
