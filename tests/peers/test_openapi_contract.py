@@ -37,7 +37,8 @@ MAX_SEQUENCES = 128
 # Fields that make a generation long, with the most the fuzz sends and the most the server
 # accepts.
 SMALL = {"max_new_tokens": (8, INT32_MAX), "max_tokens": (8, INT32_MAX),
-         "max_completion_tokens": (8, INT32_MAX), "min_new_tokens": (8, INT32_MAX),
+         "max_completion_tokens": (8, INT32_MAX), "max_output_tokens": (8, INT32_MAX),
+         "min_new_tokens": (8, INT32_MAX),
          "min_tokens": (8, INT32_MAX), "n": (2, MAX_SEQUENCES), "best_of": (2, MAX_SEQUENCES)}
 # Request timeouts (seconds) at least this long: a shorter one is a 504 by design.
 MIN_TIMEOUT_S = 60.0
@@ -112,6 +113,9 @@ def bound(case: schemathesis.Case) -> None:
     if "messages" in body and body.get("max_tokens") is None \
             and body.get("max_completion_tokens") is None:
         body["max_tokens"] = SMALL["max_tokens"][0]
+    # The Responses API's body: without a most, it generates up to the server's limits.
+    if "input" in body and body.get("max_output_tokens") is None:
+        body["max_output_tokens"] = SMALL["max_output_tokens"][0]
 
 
 def mutual_tls(client_files) -> dict[str, object]:
