@@ -95,7 +95,7 @@ ROUTES: dict[Plane, list[tuple[str, type[tornado.web.RequestHandler], str]]] = {
         (r"/stopService", management.StopServiceHandler, "stop_service"),
         (r"/v1/config", management.ConfigHandler, "mindie_config"),
         (r"/v1/status", management.StatusHandler, "mindie_status"),
-        (r"/v1/role/(?P<role>prefill|decode|flex)", management.RoleHandler, "mindie_role"),
+        (r"/v1/role/(?P<role>[^/]+)", management.RoleHandler, "mindie_role"),
         (r"/metrics-json", management.MetricsJsonHandler, "metrics_json"),
         OPENAPI_ROUTE,
     ],

@@ -13,6 +13,7 @@ from switchboard.gateway.errors import RequestError, client_message
 from switchboard.gateway.handler import METADATA_TIMEOUT_S, Handler
 from switchboard.gateway.protocols import mindie, mindie_management
 from switchboard.gateway.protocols.kserve import parse_json
+from switchboard.gateway.roles import ROLES
 from switchboard.proto import switchboard_pb2 as sb
 from switchboard.proto.constants import FORCED_STOP_S
 
@@ -104,6 +105,9 @@ class RoleHandler(ManagementHandler):
     while a switch is under way, which its controller retries."""
 
     async def post(self, role: str) -> None:
+        if role not in ROLES:  # MindIE has no route for it: 404, in its envelope here
+            raise RequestError(404, f"no route for /v1/role/{role}: the roles are "
+                               f"{', '.join(ROLES)}")
         self.write_json({"result": self.services.roles.assign(role, parse_json(self.body))})
 
 

@@ -890,7 +890,8 @@ OPERATIONS: dict[str, dict[str, Operation]] = {
     "openapi": {"get": Operation("This document", json_reply("OpenAPIDocument"))},
 }
 # Path parameters whose accepted values are narrower than their route pattern.
-PATH_PARAMETERS: dict[str, JSON] = {"seconds": integer(1, MAX_HEALTH_TIMEOUT_S)}
+PATH_PARAMETERS: dict[str, JSON] = {"seconds": integer(1, MAX_HEALTH_TIMEOUT_S),
+                                    "role": {"type": "string", "enum": list(ROLES)}}
 
 
 # --- paths from route patterns ----------------------------------------------------------------
