@@ -80,7 +80,8 @@ def checked_prefill(headers: Mapping[str, str], roles: Roles, own_port: int
     return request_id, f"{host}:{port or own_port}"
 
 
-async def prefill_and_hand_over(exchange: Exchange, upstream: Upstream, target: str,
+async def prefill_and_hand_over(exchange: Exchange, deadline_s: float, upstream: Upstream,
+                                target: str,
                                 request_id: str, path: str, body: bytes,
                                 client_tls: ssl.SSLContext | None) -> dict[str, object]:
     """Prefill here, hand the request to the decode instance's gateway, and MindIE's answer
@@ -93,7 +94,7 @@ async def prefill_and_hand_over(exchange: Exchange, upstream: Upstream, target: 
     prefill.sampling.ClearField("min_new_tokens")
     prefill.kv_transfer_params.do_remote_decode = True
     params = None
-    async for response in upstream.generation.Generate(prefill, timeout=exchange.deadline_s):
+    async for response in upstream.generation.Generate(prefill, timeout=deadline_s):
         if response.HasField("kv_transfer_params"):
             params = response.kv_transfer_params
     if params is None:  # a refused or failed prefill ends with its error status instead
@@ -113,8 +114,8 @@ async def prefill_and_hand_over(exchange: Exchange, upstream: Upstream, target: 
     return answer
 
 
-def start_decode(exchange: Exchange, headers: Mapping[str, str], upstream: Upstream,
-                 dresults: DResults) -> None:
+def start_decode(exchange: Exchange, deadline_s: float, headers: Mapping[str, str],
+                 upstream: Upstream, dresults: DResults) -> None:
     """Generate a handed-off request from its prefilled KV cache, publishing its answer on
     /dresult (in the background: the prefill instance's gateway waits for no more)."""
     request_id = headers.get(REQUEST_ID_HEADER, "")
@@ -125,15 +126,15 @@ def start_decode(exchange: Exchange, headers: Mapping[str, str], upstream: Upstr
         json_format.Parse(headers[DECODE_HEADER], request.kv_transfer_params)
     except json_format.ParseError as error:
         raise RequestError(400, f"{DECODE_HEADER}: {error}") from None
-    dresults.run(_decode(exchange, request_id, upstream, dresults))
+    dresults.run(_decode(exchange, deadline_s, request_id, upstream, dresults))
 
 
-async def _decode(exchange: Exchange, request_id: str, upstream: Upstream,
+async def _decode(exchange: Exchange, deadline_s: float, request_id: str, upstream: Upstream,
                   dresults: DResults) -> None:
     answer = exchange.answer
     try:
         async for response in upstream.generation.Generate(exchange.requests[0],
-                                                           timeout=exchange.deadline_s):
+                                                           timeout=deadline_s):
             if exchange.stream:
                 for chunk in answer.events(0, response):
                     dresults.publish(request_id, Record.DATA, chunk)

@@ -100,17 +100,18 @@ class GenerationRoute(ProtocolRoute):
         self.exchange = exchange = await self.speaker.exchange(document, self.served_model_name)
         if dmi.is_prefill(headers):
             self.write_json(await dmi.prefill_and_hand_over(
-                exchange, self.upstream, target, request_id, self.request.path, self.body,
+                exchange, await self.call_deadline_s(exchange.requests[0]), self.upstream, target, request_id, self.request.path, self.body,
                 self.services.peer_tls()))
             return
         if dmi.is_decode(headers):
             if self.client_identity() != GATEWAY_IDENTITY:
                 raise RequestError(403, "only a prefill instance's gateway hands requests over")
-            dmi.start_decode(exchange, headers, self.upstream, self.services.dresults)
+            dmi.start_decode(exchange, await self.call_deadline_s(exchange.requests[0]),
+                             headers, self.upstream, self.services.dresults)
             self.write_json({"isValidDecodeParameters": True})
             return
         answer = exchange.answer
-        responses = _merged([self.generate(request, exchange.deadline_s)
+        responses = _merged([self.generate(request, await self.call_deadline_s(request))
                              for request in exchange.requests])
         if not exchange.stream:
             async for call, response in responses:

@@ -24,6 +24,7 @@ from switchboard.gateway.errors import (CREDENTIAL_STATUSES, KSERVE_HTTP_STATUS,
                                         http_status)
 from switchboard.gateway.lifecycle import Lifecycle
 from switchboard.gateway.metrics import GatewayMetrics
+from switchboard.gateway.protocols.parameters import parameters_timeout_s
 from switchboard.gateway.dresult import DResults
 from switchboard.gateway.roles import Roles
 from switchboard.gateway.sse import CONTENT_TYPE, sse_event
@@ -35,9 +36,27 @@ logger = logging.getLogger(__name__)
 Response = TypeVar("Response")
 # Deadline of the small unary calls (health, metadata, model index, tokenizer, management).
 METADATA_TIMEOUT_S = 10.0
+# The server ends a request at its timeout with an error naming it; the call's deadline, a
+# backstop for a server that never answers, comes this much later so that this error, not
+# gRPC's "Deadline Exceeded", is what the client reads.
+UPSTREAM_GRACE_S = 2.0
 # The status logged and counted for a request whose client left before its answer (nginx's
 # "client closed request", which vLLM answers too): not a server error.
 CLIENT_CLOSED_REQUEST = 499
+
+
+def deadline_of(request: sb.GenerateRequest | pb.ModelInferRequest,
+                longest_timeout_s: float) -> float:
+    """A generation call's deadline in seconds: the request's timeout, or without one (or out
+    of range) the longest the server lets a request run, UPSTREAM_GRACE_S later."""
+    if isinstance(request, sb.GenerateRequest):
+        timeout_s = (request.scheduling.timeout if request.scheduling.HasField("timeout")
+                     else None)
+    else:
+        timeout_s = parameters_timeout_s(request.parameters)
+    if timeout_s is None or not 0 < timeout_s < longest_timeout_s:  # the server refuses it
+        timeout_s = longest_timeout_s
+    return timeout_s + UPSTREAM_GRACE_S
 
 
 class PublishedLimits:
@@ -158,6 +177,11 @@ class Handler(tornado.web.RequestHandler):
         return await self.services.limits.get(lambda: self.track(
             self.upstream.generation.GetParameterLimits(sb.GetParameterLimitsRequest(),
                                                         timeout=METADATA_TIMEOUT_S)))
+
+    async def call_deadline_s(self, request: sb.GenerateRequest | pb.ModelInferRequest) -> float:
+        """A generation call's deadline (`deadline_of`), bounded by the server's published
+        longest timeout."""
+        return deadline_of(request, (await self.parameter_limits())["timeout"].maximum)
 
     def on_finish(self) -> None:
         self._release()

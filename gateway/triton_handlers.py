@@ -87,9 +87,9 @@ class InferHandler(Handler):
     async def post(self, model: str, version: str | None = None) -> None:
         document, binary = kserve.split_body(self.body,
                                              self.request.headers.get(kserve.HEADER_LENGTH))
-        request, options, deadline_s = kserve.infer_request_to_pb(model, version or "", document,
-                                                                  binary)
-        response = await self.track(self.upstream.inference.ModelInfer(request, timeout=deadline_s))
+        request, options = kserve.infer_request_to_pb(model, version or "", document, binary)
+        response = await self.track(self.upstream.inference.ModelInfer(
+            request, timeout=await self.call_deadline_s(request)))
         reply = kserve.infer_response_to_http(response, options)
         if reply.header_length is None:
             self.set_header("Content-Type", "application/json")
@@ -106,18 +106,19 @@ class GenerateHandler(Handler):
     streams = False
 
     async def post(self, model: str, version: str | None = None) -> None:
-        call, stream = self._start(model, version)
+        call, stream = await self._start(model, version)
         async for response in call:
             stream.add(response.infer_response)
         self.write_json(stream.reply())
 
-    def _start(self, model: str, version: str | None
+    async def _start(self, model: str, version: str | None
                ) -> tuple[grpc.aio.UnaryStreamCall, triton.GenerateStream | triton.TritonReplies]:
         request, options = triton.generate_request_to_pb(model, version or "",
                                                          kserve.parse_json(self.body),
                                                          self.streams)
         self.names = options.names
-        call = self.upstream.generation.InferStream(request, timeout=options.deadline_s)
+        call = self.upstream.generation.InferStream(
+            request, timeout=await self.call_deadline_s(request))
         return self.track(call), triton.reply_stream(options)
 
 
@@ -128,7 +129,7 @@ class GenerateStreamHandler(GenerateHandler):
     streams = True
 
     async def post(self, model: str, version: str | None = None) -> None:
-        call, stream = self._start(model, version)
+        call, stream = await self._start(model, version)
         await self.relay(call, lambda response: [sse_event(stream.add(response.infer_response))])
 
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import math
 
 import grpc
 
 from switchboard.gateway.config import UpstreamConfig
-from switchboard.gateway.protocols.parameters import MAX_DEADLINE_S
 from switchboard.proto import grpc_service_pb2_grpc as pb_grpc
 from switchboard.proto.constants import GRPC_MESSAGE_OPTIONS
 from switchboard.proto import switchboard_pb2_grpc as sb_grpc
@@ -40,8 +40,8 @@ class Upstream:
         files read again); the old channel closes once the calls on it have ended."""
         retired = self.channel
         self._connect(credentials)
-        # A request cannot outlive the longest timeout: by then the retired channel is idle.
-        task = asyncio.ensure_future(retired.close(grace=MAX_DEADLINE_S))
+        # Every call has a deadline, so waiting for the calls to end waits a bounded time.
+        task = asyncio.ensure_future(retired.close(grace=math.inf))
         self._retiring.add(task)
         task.add_done_callback(self._retiring.discard)
 

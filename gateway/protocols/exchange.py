@@ -55,11 +55,10 @@ class Answer:
 
 @dataclass(frozen=True, slots=True)
 class Exchange:
-    """A route's request, translated: the calls to make, their deadline, whether the answer
-    streams, and the protocol's field names → the server's (which errors are named by)."""
+    """A route's request, translated: the calls to make, whether the answer streams, and the
+    protocol's field names → the server's (which errors are named by)."""
 
     requests: Sequence[sb.GenerateRequest]
-    deadline_s: float
     stream: bool
     answer: Answer
     names: Mapping[str, str]

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from switchboard.gateway.errors import RequestError, bad_request, field_in_protocol
-from switchboard.gateway.protocols.parameters import UINT32_MAX, call_deadline_s
+from switchboard.gateway.protocols.parameters import UINT32_MAX
 from switchboard.proto import generation_fields
 from switchboard.proto import switchboard_pb2 as sb
 
@@ -18,9 +18,8 @@ PROMPT = "prompt"
 
 def generate_request(model: str, prompt: str | list[int] | sb.ChatMessages,
                      parameters: Mapping[str, object], client_id: str = "",
-                     names: Mapping[str, str] | None = None) -> tuple[sb.GenerateRequest, float]:
-    """The request (an empty model names the served one) and the call's deadline in seconds.
-    `parameters` are under MindIE's names; `names` (the protocol's names → MindIE's) puts a
+                     names: Mapping[str, str] | None = None) -> sb.GenerateRequest:
+    """The request; an empty model names the served one. `parameters` are under MindIE's names; `names` (the protocol's names → MindIE's) puts a
     refused field back under the name the client sent."""
     request = sb.GenerateRequest(model_name=model, id=client_id)
     try:
@@ -36,7 +35,7 @@ def generate_request(model: str, prompt: str | list[int] | sb.ChatMessages,
             generation_fields.fill(request, parameters)
         except generation_fields.FieldError as error:
             raise bad_request(error.field, error.reason) from None
-        return request, call_deadline_s(parameters.get("timeout"))
+        return request
     except RequestError as error:
         if error.field is None or error.reason is None or not names:
             raise

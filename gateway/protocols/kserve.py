@@ -95,8 +95,8 @@ def parse_json(body: bytes) -> object:
 
 
 def infer_request_to_pb(model: str, version: str, document: object, binary: bytes
-                        ) -> tuple[pb.ModelInferRequest, OutputOptions, float]:
-    """The gRPC request, the output options and the call's deadline in seconds."""
+                        ) -> tuple[pb.ModelInferRequest, OutputOptions]:
+    """The gRPC request and its output options."""
     document = require_object(document, "the body")
     request = pb.ModelInferRequest(model_name=model, model_version=version)
     request.id = optional_string(document, "id")
@@ -104,7 +104,7 @@ def infer_request_to_pb(model: str, version: str, document: object, binary: byte
     binary_default = parameters.pop("binary_data_output", False)
     if not isinstance(binary_default, bool):
         raise bad_request("parameters.binary_data_output", "must be a boolean")
-    deadline_s = set_parameters(request.parameters, parameters)
+    set_parameters(request.parameters, parameters)
     inputs = document.get("inputs")
     if not isinstance(inputs, list) or not inputs:
         raise bad_request("inputs", "must be a non-empty array of tensors")
@@ -131,7 +131,7 @@ def infer_request_to_pb(model: str, version: str, document: object, binary: byte
             raise bad_request(f"outputs[{position}].parameters.binary_data", "must be a boolean")
         by_name[name] = wants_binary
         request.outputs.add(name=name)
-    return request, OutputOptions(default=binary_default, by_name=by_name), deadline_s
+    return request, OutputOptions(default=binary_default, by_name=by_name)
 
 
 def infer_response_to_http(response: pb.ModelInferResponse, options: OutputOptions) -> HTTPReply:

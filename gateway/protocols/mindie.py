@@ -35,8 +35,8 @@ MICROSECONDS_PER_MS = 1000
 
 
 def infer_request_to_pb(document: object, tokens: bool
-                        ) -> tuple[sb.GenerateRequest, bool, bool, float]:
-    """The request, whether to stream, whether to answer details, and the call's deadline (s)."""
+                        ) -> tuple[sb.GenerateRequest, bool, bool]:
+    """The request, whether to stream, and whether to answer details."""
     document = require_object(document, "the body")
     if tokens:
         prompt = document.get("input_id")
@@ -61,10 +61,9 @@ def infer_request_to_pb(document: object, tokens: bool
         parameters = generation_fields.under_mindie_rules(parameters)
     except generation_fields.FieldError as error:
         raise bad_request(error.field, error.reason) from None
-    request, deadline_s = generate_request("", prompt, parameters,
-                                           optional_string(document, "id"),
-                                           names=TOKEN_NAMES if tokens else NAMES)
-    return request, optional_bool(document, "stream"), details, deadline_s
+    request = generate_request("", prompt, parameters, optional_string(document, "id"),
+                               names=TOKEN_NAMES if tokens else NAMES)
+    return request, optional_bool(document, "stream"), details
 
 
 def _details(generation: Generation) -> dict[str, object]:
@@ -149,8 +148,8 @@ class MindieProtocol(GenerationProtocol):
         self.tokens = tokens
 
     async def exchange(self, document: object, served_model: ServedModel) -> Exchange:
-        request, stream, details, deadline_s = infer_request_to_pb(document, self.tokens)
-        return Exchange([request], deadline_s, stream, MindieAnswer(details, self.tokens),
+        request, stream, details = infer_request_to_pb(document, self.tokens)
+        return Exchange([request], stream, MindieAnswer(details, self.tokens),
                         TOKEN_NAMES if self.tokens else NAMES)
 
     def error_document(self, status: int, message: str, field: str | None,

@@ -126,7 +126,6 @@ class OpenAIOptions:
     # is the prompt alone, with its tokens' log-probabilities; one token is generated unseen.
     echo_only: bool
     n: int
-    deadline_s: float
     # The protocol's field names → MindIE's, for the server's error messages.
     names: Mapping[str, str]
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
@@ -154,11 +153,9 @@ def chat_request_to_pb(document: object) -> tuple[list[Call], OpenAIOptions]:
         CHAT_NAMES_NEW_MAX if newer is not None else CHAT_NAMES))
     prompt = chat_messages(messages, document)
     openai_tools.add_tools(document, prompt)
-    request, deadline_s = generate_request(requested_model(document), prompt, values,
-                                           names=names)
+    request = generate_request(requested_model(document), prompt, values, names=names)
     add_kv_transfer(document, [request])
-    return [Call(request, None)], _options(document, "chat.completion", logprobs, False,
-                                           deadline_s, names)
+    return [Call(request, None)], _options(document, "chat.completion", logprobs, False, names)
 
 
 def completion_request_to_pb(document: object) -> tuple[list[Call], OpenAIOptions]:
@@ -179,18 +176,17 @@ def completion_request_to_pb(document: object) -> tuple[list[Call], OpenAIOption
     names = add_structured_outputs(document.get("structured_outputs"), values, add_output_format(
         "response_format", document.get("response_format"), values, COMPLETION_NAMES))
     calls = []
-    deadline_s = 0.0
     for prompt in prompts:
         # Echoed, the prompt's tokens come back from the server: their log-probabilities
         # lead the reply's, and a prompt of token ids needs their text.
         prompt_values = {**values, "prompt_logprobs": True} if echo and (
             top is not None or not isinstance(prompt, str)) else values
-        request, deadline_s = generate_request(requested_model(document), prompt,
-                                               prompt_values, names=names)
+        request = generate_request(requested_model(document), prompt, prompt_values,
+                                   names=names)
         calls.append(Call(request, prompt if isinstance(prompt, str) else None))
     add_kv_transfer(document, [call.request for call in calls])
-    return calls, _options(document, "text_completion", top is not None, echo, deadline_s,
-                           names, echo_only=echo_only)
+    return calls, _options(document, "text_completion", top is not None, echo, names,
+                           echo_only=echo_only)
 
 
 def checked_document(document: object, fields: frozenset[str],
@@ -284,7 +280,7 @@ def token_limit(document: Mapping[str, object], name: str) -> int | None:
 
 
 def _options(document: Mapping[str, object], kind: str, logprobs: bool, echo: bool,
-             deadline_s: float, names: Mapping[str, str], *, echo_only: bool = False
+             names: Mapping[str, str], *, echo_only: bool = False
              ) -> OpenAIOptions:
     stream = optional_bool(document, "stream")
     stream_options = document.get("stream_options")
@@ -300,7 +296,7 @@ def _options(document: Mapping[str, object], kind: str, logprobs: bool, echo: bo
                              stream_options or {}, "continuous_usage_stats"),
                          logprobs=logprobs, echo=echo, echo_only=echo_only,
                          n=n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 1,
-                         deadline_s=deadline_s, names=names)
+                         names=names)
 
 
 def chat_messages(messages: list[object], options: Mapping[str, object]) -> sb.ChatMessages:
@@ -601,7 +597,7 @@ class CompletionsProtocol(OpenAIProtocol):
                           else completion_request_to_pb(document))
         if not options.model:
             options = dataclasses.replace(options, model=await served_model())
-        return Exchange([call.request for call in calls], options.deadline_s, options.stream,
+        return Exchange([call.request for call in calls], options.stream,
                         CompletionAnswer(calls, options), options.names)
 
 

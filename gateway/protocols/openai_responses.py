@@ -82,7 +82,6 @@ class ResponsesOptions:
     model: str
     stream: bool
     logprobs: bool  # the answer's tokens' log-probabilities, in its text part and deltas
-    deadline_s: float
     # The request's fields the response object repeats (OpenAI's defaults where absent).
     echoed: Mapping[str, object]
     names: Mapping[str, str]
@@ -106,15 +105,14 @@ def request_to_pb(document: object) -> tuple[sb.GenerateRequest, ResponsesOption
                               RESPONSES_NAMES)
     messages = _messages(document.get("instructions"), document.get("input"))
     openai_tools.add_tools(document, messages, nested=False)
-    request, deadline_s = generate_request(requested_model(document), messages, values,
-                                           names=names)
+    request = generate_request(requested_model(document), messages, values, names=names)
     stream = optional_bool(document, "stream")
     echoed = {name: default if document.get(name) is None else document[name]
               for name, default in ECHOED_DEFAULTS.items()}
     echoed["max_output_tokens"] = max_tokens
     echoed["text"] = {"format": text_format}
     return request, ResponsesOptions(model=requested_model(document), stream=stream,
-                                     logprobs=logprobs, deadline_s=deadline_s, echoed=echoed,
+                                     logprobs=logprobs, echoed=echoed,
                                      names=names)
 
 
@@ -414,7 +412,7 @@ class ResponsesProtocol(OpenAIProtocol):
         request, options = request_to_pb(document)
         if not options.model:
             options = dataclasses.replace(options, model=await served_model())
-        return Exchange([request], options.deadline_s, options.stream, ResponsesAnswer(options),
+        return Exchange([request], options.stream, ResponsesAnswer(options),
                         options.names)
 
 

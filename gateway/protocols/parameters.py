@@ -14,13 +14,7 @@ from switchboard.proto import grpc_service_pb2 as pb
 INT64_MAX = 2**63 - 1
 UINT64_MAX = 2**64 - 1
 UINT32_MAX = 2**32 - 1
-DEFAULT_TIMEOUT_S = 600.0
-MAX_DEADLINE_S = 3600.0  # the longest timeout the server accepts
 MICROSECONDS = 1_000_000
-# The server ends a request at its timeout with an error naming it; the call's deadline, a
-# backstop for a server that never answers, comes this much later so that this error, not
-# grpc's "Deadline Exceeded", is what the client reads.
-UPSTREAM_GRACE_S = 2.0
 
 
 def to_parameter(name: str, value: object) -> pb.InferParameter:
@@ -42,10 +36,9 @@ def to_parameter(name: str, value: object) -> pb.InferParameter:
     raise bad_request(name, f"must be a number, a string, a boolean or a list; got {json_type(value)}")
 
 
-def set_parameters(target: Mapping[str, pb.InferParameter], values: Mapping[str, object]) -> float:
+def set_parameters(target: Mapping[str, pb.InferParameter], values: Mapping[str, object]) -> None:
     """Copy `values` (null ones are absent) into a request's parameter map, MindIE's
-    `priority` (1 highest) and `timeout` (seconds) converted; returns the call's deadline in
-    seconds (`call_deadline_s`)."""
+    `priority` (1 highest) and `timeout` (seconds) converted."""
     for name, value in values.items():
         if value is None:
             continue
@@ -65,16 +58,13 @@ def set_parameters(target: Mapping[str, pb.InferParameter], values: Mapping[str,
             target[name].int64_param = min(max(1, round(capped * MICROSECONDS)), INT64_MAX)
         else:
             target[name].CopyFrom(to_parameter(name, value))
-    return call_deadline_s(values.get("timeout"))
 
 
-def call_deadline_s(timeout: object) -> float:
-    """The call's deadline for a request's `timeout` (seconds, as sent: the server refuses one
-    out of range): within what gRPC's clock can hold, and UPSTREAM_GRACE_S later."""
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float) \
-            or not 0 < timeout < math.inf:
-        timeout = DEFAULT_TIMEOUT_S
-    return float(min(timeout, MAX_DEADLINE_S)) + UPSTREAM_GRACE_S
+def parameters_timeout_s(parameters: Mapping[str, pb.InferParameter]) -> float | None:
+    """The `timeout` a KServe request's parameters ask for, in seconds (None: none)."""
+    if "timeout" not in parameters:
+        return None
+    return parameters["timeout"].int64_param / MICROSECONDS
 
 
 def parameter_value(parameter: pb.InferParameter) -> object:

@@ -75,7 +75,6 @@ class TgiOptions:
     top_n_tokens: int
     best_of: int
     inputs: str
-    deadline_s: float
     # The request's field names → MindIE's, for the server's error messages.
     names: Mapping[str, str] = field(default_factory=lambda: NAMES)
 
@@ -134,7 +133,6 @@ def generate_request_to_pb(document: object, stream: bool | None
         top_n_tokens=_count(parameters, "top_n_tokens", 0),
         best_of=_count(parameters, "best_of", 1),
         inputs=inputs,
-        deadline_s=0.0,
     )
     if stream and options.best_of > 1:
         raise bad_request("best_of", "`best_of` != 1 is not supported when streaming tokens")
@@ -153,8 +151,8 @@ def generate_request_to_pb(document: object, stream: bool | None
     # does not cut.
     values.update(logprobs=True)
     names = add_output_format("grammar", parameters.get("grammar"), values, NAMES)
-    request, deadline_s = generate_request("", inputs, values, names=names)
-    return request, dataclasses.replace(options, deadline_s=deadline_s, names=names)
+    request = generate_request("", inputs, values, names=names)
+    return request, dataclasses.replace(options, names=names)
 
 
 def _count(parameters: Mapping[str, object], name: str, default: int) -> int:
@@ -293,7 +291,7 @@ class TgiProtocol(TgiErrors, GenerationProtocol):
 
     async def exchange(self, document: object, served_model: ServedModel) -> Exchange:
         request, options = generate_request_to_pb(document, self.stream)
-        return Exchange([request], options.deadline_s, options.stream,
+        return Exchange([request], options.stream,
                         TgiAnswer(options, self.compat), options.names)
 
 

@@ -48,7 +48,6 @@ GREEDY_AT_ZERO = ("temperature", "top_p")
 class GenerateOptions:
     details: bool
     perf_stat: bool
-    deadline_s: float
     vllm: bool = False  # the vLLM backend interface: Triton's responses
     # The request's field names → the server's, where they differ (KServe's max_tokens).
     names: Mapping[str, str] = field(default_factory=dict)
@@ -84,9 +83,8 @@ def generate_request_to_pb(model: str, version: str, document: object, route_str
     for name, value in tensors.items():
         _add_input(request, name, CONTROL_INPUTS[name], value)
     names = {} if tensors else _read_kserve_parameters(fields)
-    deadline_s = set_parameters(request.parameters, fields)
-    return request, GenerateOptions(deadline_s=deadline_s, vllm=bool(tensors), names=names,
-                                    **options)
+    set_parameters(request.parameters, fields)
+    return request, GenerateOptions(vllm=bool(tensors), names=names, **options)
 
 
 def _read_kserve_parameters(fields: dict[str, object]) -> dict[str, str]:

@@ -48,8 +48,8 @@ SAMPLING_FIELDS = frozenset({"n", "best_of", "presence_penalty", "frequency_pena
                              "skip_special_tokens", "truncate_prompt_tokens"})
 
 
-def generate_request_to_pb(document: object) -> tuple[sb.GenerateRequest, str, bool, float]:
-    """The request, the prompt, whether to stream, and the call's deadline in seconds."""
+def generate_request_to_pb(document: object) -> tuple[sb.GenerateRequest, str, bool]:
+    """The request, the prompt, and whether to stream."""
     document = require_object(document, "the body")
     prompt = required_string(document, "prompt")
     refuse_unknown(document, SAMPLING_FIELDS | {"prompt", "stream"}, "sampling parameter")
@@ -57,8 +57,8 @@ def generate_request_to_pb(document: object) -> tuple[sb.GenerateRequest, str, b
     if refused := vllm_sampling.refusal(values):
         raise bad_request(*refused)
     vllm_sampling.apply_vllm_defaults(values)
-    request, deadline_s = generate_request("", prompt, values, names=NAMES)
-    return request, prompt, optional_bool(document, "stream"), deadline_s
+    request = generate_request("", prompt, values, names=NAMES)
+    return request, prompt, optional_bool(document, "stream")
 
 
 def texts(generation: Generation, prompt: str) -> dict[str, object]:
@@ -97,8 +97,8 @@ class VllmProtocol(GenerationProtocol):
     status_table = HTTP_STATUS
 
     async def exchange(self, document: object, served_model: ServedModel) -> Exchange:
-        request, prompt, stream, deadline_s = generate_request_to_pb(document)
-        return Exchange([request], deadline_s, stream, VllmAnswer(prompt), NAMES)
+        request, prompt, stream = generate_request_to_pb(document)
+        return Exchange([request], stream, VllmAnswer(prompt), NAMES)
 
     def error_document(self, status: int, message: str, field: str | None,
                        error: BaseException | None) -> tuple[int, object]:

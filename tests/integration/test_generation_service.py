@@ -545,6 +545,8 @@ def test_the_published_parameter_limits_are_what_generate_checks(generation, inf
     assert (top_p.minimum, top_p.exclusive_minimum, top_p.maximum, top_p.exclusive_maximum) == (
         0, True, 1, False)
     assert not limits["temperature"].HasField("maximum")
+    # The gateway bounds its calls' deadlines by it.
+    assert limits["timeout"].maximum == 3600
     config = inference.ModelConfig(pb.ModelConfigRequest(name=MODEL), timeout=10).config
     assert limits["n"].maximum == int(config.parameters["max_sequences"].string_value)
     assert limits["stop"].max_items == int(config.parameters["max_stop_sequences"].string_value)

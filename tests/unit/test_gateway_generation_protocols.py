@@ -12,7 +12,6 @@ import pytest
 from switchboard.gateway.errors import RequestError, field_in_protocol
 from switchboard.gateway.protocols import openai, tgi, vllm
 from switchboard.gateway.protocols.generation import Generation, generate_request, renamed
-from switchboard.gateway.protocols.parameters import UPSTREAM_GRACE_S
 from switchboard.proto import generation_fields
 from switchboard.proto import switchboard_pb2 as sb
 
@@ -138,7 +137,7 @@ def test_renamed_drops_nulls_and_keeps_unnamed_parameters() -> None:
 
 
 def test_generate_request_with_text_and_parameters() -> None:
-    request, deadline_s = generate_request("smollm2", "Hello", {
+    request = generate_request("smollm2", "Hello", {
         "max_new_tokens": 7, "temperature": 0.5, "do_sample": True, "stop": ["\n", "END"],
         "stop_token_ids": [2, 3], "seed": 2**64 - 1, "skipped": None}, client_id="abc")
     assert (request.model_name, request.id) == ("smollm2", "abc")
@@ -151,7 +150,6 @@ def test_generate_request_with_text_and_parameters() -> None:
     assert list(request.sampling.stop_token_ids) == [2, 3]
     assert params(request).keys() == {"max_new_tokens", "temperature", "do_sample", "stop",
                                       "stop_token_ids", "seed"}
-    assert deadline_s == 600.0 + UPSTREAM_GRACE_S
 
 
 # --- seeds: TGI's u64, vLLM's and OpenAI's int64 (-1: random) -----------------------------------
@@ -211,12 +209,12 @@ def test_openai_top_k_minus_1_is_no_cut_as_vllms() -> None:
 
 @pytest.mark.parametrize("stop", ["END", "[1, 2]"], ids=["plain", "looks-like-json"])
 def test_generate_request_sends_one_stop_string_as_a_list(stop: str) -> None:
-    request, _ = generate_request("", "x", {"stop": stop})
+    request = generate_request("", "x", {"stop": stop})
     assert list(request.sampling.stop) == [stop]
 
 
 def test_generate_request_with_token_ids() -> None:
-    request, _ = generate_request("", [5, 6, 7], {})
+    request = generate_request("", [5, 6, 7], {})
     assert request.WhichOneof("prompt") == "token_ids"
     assert list(request.token_ids.ids) == [5, 6, 7]
     assert request.model_name == "" and request.id == ""
@@ -225,21 +223,20 @@ def test_generate_request_with_token_ids() -> None:
 def test_generate_request_with_chat_messages() -> None:
     messages = sb.ChatMessages(messages=[sb.ChatMessage(role="system", content="Be brief."),
                                          sb.ChatMessage(role="user", content="Hi")])
-    request, _ = generate_request("", messages, {})
+    request = generate_request("", messages, {})
     assert request.WhichOneof("prompt") == "messages"
     assert [(m.role, m.content) for m in request.messages.messages] == \
         [("system", "Be brief."), ("user", "Hi")]
 
 
 def test_generate_request_with_no_chat_messages_still_sends_messages() -> None:
-    request, _ = generate_request("", sb.ChatMessages(), {})
+    request = generate_request("", sb.ChatMessages(), {})
     assert request.WhichOneof("prompt") == "messages"
 
 
 def test_generate_request_converts_priority_and_timeout() -> None:
-    request, deadline_s = generate_request("", "x", {"priority": 2, "timeout": 1.5})
+    request = generate_request("", "x", {"priority": 2, "timeout": 1.5})
     assert (request.scheduling.priority, request.scheduling.timeout) == (2, 1.5)
-    assert deadline_s == 1.5 + UPSTREAM_GRACE_S
 
 
 @pytest.mark.parametrize("name, value, message", [
@@ -313,7 +310,6 @@ def test_tgi_request_translates_parameters() -> None:
     assert options.details and options.prompt_details and options.return_full_text
     assert (options.top_n_tokens, options.best_of, options.inputs, options.stream) == \
         (2, 1, "Hello", False)
-    assert options.deadline_s == 600.0 + UPSTREAM_GRACE_S
 
 
 def test_tgi_request_without_parameters_samples() -> None:
@@ -1232,12 +1228,12 @@ def test_openai_error_body(status: int, error_type: str) -> None:
 # --- vLLM's demo server ------------------------------------------------------------------------
 
 def test_vllm_request_translates_parameters() -> None:
-    request, prompt, stream, deadline_s = vllm.generate_request_to_pb({
+    request, prompt, stream = vllm.generate_request_to_pb({
         "prompt": "Hi", "stream": True, "n": 2, "max_tokens": 8, "min_tokens": 1,
         "temperature": 0.8, "top_k": -1, "top_p": 0.9, "stop": ["x"], "ignore_eos": True,
         "stop_token_ids": [2], "seed": 4, "best_of": 3, "presence_penalty": 0.1, "min_p": 0.1})
     assert request.text == "Hi" and request.model_name == ""
-    assert (prompt, stream, deadline_s) == ("Hi", True, 600.0 + UPSTREAM_GRACE_S)
+    assert (prompt, stream) == ("Hi", True)
     assert params(request) == {"n": 2, "max_new_tokens": 8, "min_new_tokens": 1,
                                "temperature": 0.8, "do_sample": True, "top_k": 0, "top_p": 0.9,
                                "stop": ["x"], "ignore_eos": True, "stop_token_ids": [2],
@@ -1245,7 +1241,7 @@ def test_vllm_request_translates_parameters() -> None:
 
 
 def test_vllm_request_defaults() -> None:
-    request, prompt, stream, _ = vllm.generate_request_to_pb({"prompt": "Hi"})
+    request, prompt, stream = vllm.generate_request_to_pb({"prompt": "Hi"})
     assert params(request) == {"max_new_tokens": 16, "do_sample": True}
     assert (prompt, stream) == ("Hi", False)
 

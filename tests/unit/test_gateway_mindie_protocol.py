@@ -7,7 +7,6 @@ import pytest
 from switchboard.gateway.errors import RequestError
 from switchboard.gateway.protocols import mindie
 from switchboard.gateway.protocols.generation import Generation
-from switchboard.gateway.protocols.parameters import UPSTREAM_GRACE_S
 from switchboard.proto import generation_fields
 from switchboard.proto import switchboard_pb2 as sb
 
@@ -19,18 +18,17 @@ def response(text: str, token_id: int, *, latency_us: int = 5000, finish: str = 
                                generated_tokens=generated, seed=7)
 
 
-def test_infer_request_carries_text_parameters_id_and_deadline() -> None:
-    request, stream, details, deadline_s = mindie.infer_request_to_pb(
+def test_infer_request_carries_text_parameters_id_and_timeout() -> None:
+    request, stream, details = mindie.infer_request_to_pb(
         {"id": "a1", "inputs": "Hi", "stream": True,
          "parameters": {"max_new_tokens": 4, "details": True, "timeout": 10, "seed": None}},
         tokens=False)
     assert (request.text, request.id, stream, details) == ("Hi", "a1", True, True)
-    assert deadline_s == 10.0 + UPSTREAM_GRACE_S
     assert generation_fields.requested_values(request) == {"max_new_tokens": 4, "timeout": 10}
 
 
 def test_infer_token_request_carries_token_ids() -> None:
-    request, stream, details, _ = mindie.infer_request_to_pb({"input_id": [5, 6]}, tokens=True)
+    request, stream, details = mindie.infer_request_to_pb({"input_id": [5, 6]}, tokens=True)
     assert list(request.token_ids.ids) == [5, 6] and not stream and not details
 
 

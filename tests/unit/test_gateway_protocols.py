@@ -13,12 +13,13 @@ import pytest
 from switchboard.engine.errors import InvalidRequest, Overloaded
 from switchboard.gateway.errors import (KSERVE_HTTP_STATUS, RequestError, client_message,
                                         field_violation, http_status)
-from switchboard.engine import validation
-from switchboard.gateway.protocols import kserve, parameters, triton
-from switchboard.gateway.protocols.parameters import UPSTREAM_GRACE_S, set_parameters, to_parameter
+from switchboard.gateway.protocols import kserve, triton
+from switchboard.gateway.handler import UPSTREAM_GRACE_S, deadline_of
+from switchboard.gateway.protocols.parameters import set_parameters, to_parameter
 from switchboard.gateway.sse import sse_event
 from switchboard.proto import grpc_service_pb2 as pb
 from switchboard.proto import model_config_pb2 as mc
+from switchboard.proto import switchboard_pb2 as sb
 from switchboard.proto.tensor_bytes import deserialize_bytes, serialize_bytes
 from switchboard.server.errors import refusal
 
@@ -34,7 +35,7 @@ def refused(call, *args) -> str:
 
 
 def infer(document: object, binary: bytes = b"") -> tuple[pb.ModelInferRequest,
-                                                          kserve.OutputOptions, float]:
+                                                          kserve.OutputOptions]:
     return kserve.infer_request_to_pb("smollm2", "", document, binary)
 
 
@@ -66,7 +67,7 @@ def test_tritonclient_binary_body_round_trips() -> None:
     body = header + np.array([[1, 2, 70000]], dtype="<u4").tobytes()
 
     document, binary = kserve.split_body(body, str(len(header)))
-    request, options, deadline_s = infer(document, binary)
+    request, options = infer(document, binary)
 
     assert (request.model_name, request.model_version, request.id) == ("smollm2", "", "req-1")
     (tensor,) = request.inputs
@@ -75,7 +76,6 @@ def test_tritonclient_binary_body_round_trips() -> None:
     assert [output.name for output in request.outputs] == ["output0"]
     # binary_data_output is the gateway's rendering option, not a model parameter.
     assert dict(request.parameters) == {"max_new_tokens": pb.InferParameter(int64_param=4)}
-    assert deadline_s == 600.0 + UPSTREAM_GRACE_S
 
     response = server_response(("output0", "UINT32", [1, 2], np.array([7, 8], "<u4").tobytes()))
     response.parameters["finish_reason"].string_param = "length"
@@ -93,7 +93,7 @@ def test_tritonclient_binary_body_round_trips() -> None:
 
 def test_binary_inputs_take_their_bytes_in_order_and_mix_with_json_data() -> None:
     first, second = np.array([1, 2], "<u4").tobytes(), np.array([3], "<u4").tobytes()
-    request, _, _ = infer({"inputs": [
+    request, _ = infer({"inputs": [
         {"name": "a", "datatype": "UINT32", "shape": [2], "parameters": {"binary_data_size": 8}},
         {"name": "b", "datatype": "UINT32", "shape": [2], "data": [9, 9]},
         {"name": "c", "datatype": "UINT32", "shape": [1], "parameters": {"binary_data_size": 4}},
@@ -104,14 +104,14 @@ def test_binary_inputs_take_their_bytes_in_order_and_mix_with_json_data() -> Non
 
 @pytest.mark.parametrize("data", [[1, 2, UINT32_MAX], [[1, 2, UINT32_MAX]]], ids=["flat", "nested"])
 def test_json_uint32_data_is_encoded_little_endian(data: list[object]) -> None:
-    request, options, _ = infer({"inputs": [uint32_input(data)]})
+    request, options = infer({"inputs": [uint32_input(data)]})
     assert request.raw_input_contents[0] == np.array([1, 2, UINT32_MAX], "<u4").tobytes()
     assert not options.is_binary("output0")
 
 
 @pytest.mark.parametrize("data", [["hi", "thé"], [["hi", "thé"]]], ids=["flat", "nested"])
 def test_json_bytes_data_is_length_prefixed(data: list[object]) -> None:
-    request, _, _ = infer({"inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1, 2],
+    request, _ = infer({"inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1, 2],
                                        "data": data}]})
     raw = request.raw_input_contents[0]
     assert raw == b"\x02\x00\x00\x00hi\x04\x00\x00\x00th\xc3\xa9"
@@ -119,7 +119,7 @@ def test_json_bytes_data_is_length_prefixed(data: list[object]) -> None:
 
 
 def test_json_response_renders_uint32_as_ints_and_bytes_as_strings() -> None:
-    _, options, _ = infer({"inputs": [uint32_input([1, 2, 3])]})
+    _, options = infer({"inputs": [uint32_input([1, 2, 3])]})
     response = server_response(
         ("output0", "UINT32", [1, 2], np.array([7, UINT32_MAX], "<u4").tobytes()),
         ("text_output", "BYTES", [1], serialize_bytes(["héllo".encode()])))
@@ -132,7 +132,7 @@ def test_json_response_renders_uint32_as_ints_and_bytes_as_strings() -> None:
 
 
 def test_binary_data_per_output_overrides_the_default() -> None:
-    _, options, _ = infer({"inputs": [uint32_input([1, 2, 3])],
+    _, options = infer({"inputs": [uint32_input([1, 2, 3])],
                            "parameters": {"binary_data_output": True},
                            "outputs": [{"name": "text_output",
                                         "parameters": {"binary_data": False}}]})
@@ -277,11 +277,9 @@ def test_to_parameter_refuses_naming_the_field(value: object, reason: str) -> No
 
 def test_set_parameters_converts_priority_and_timeout_and_skips_nulls() -> None:
     request = pb.ModelInferRequest()
-    deadline_s = set_parameters(request.parameters, {"priority": 1, "timeout": 2.5, "top_k": None})
+    set_parameters(request.parameters, {"priority": 1, "timeout": 2.5, "top_k": None})
     assert dict(request.parameters) == {"priority": pb.InferParameter(uint64_param=1),
                                         "timeout": pb.InferParameter(int64_param=2_500_000)}
-    assert deadline_s == 2.5 + UPSTREAM_GRACE_S
-    assert set_parameters(pb.ModelInferRequest().parameters, {"seed": 1}) == 600.0 + UPSTREAM_GRACE_S
 
 
 def test_a_timeout_under_a_microsecond_is_one_not_the_default() -> None:
@@ -310,11 +308,23 @@ def test_a_priority_past_the_servers_range_travels_for_it_to_refuse(value: int, 
     assert request.parameters["priority"].uint64_param == sent
 
 
-def test_the_gateways_longest_deadline_is_the_servers_longest_timeout() -> None:
-    """The gateway bounds a call's deadline (and an old channel's grace) before it has asked
-    the server anything, so it keeps its own bound: it must not cut a timeout the server
-    accepts, nor wait longer than the server lets a request run."""
-    assert parameters.MAX_DEADLINE_S == validation.MAX_TIMEOUT_S
+LONGEST_S = 3600.0
+
+
+@pytest.mark.parametrize(("request_", "deadline_s"), [
+    (sb.GenerateRequest(), LONGEST_S),
+    (sb.GenerateRequest(scheduling=sb.Scheduling(timeout=1.5)), 1.5),
+    (sb.GenerateRequest(scheduling=sb.Scheduling(timeout=5000.0)), LONGEST_S),
+    (pb.ModelInferRequest(), LONGEST_S),
+    (pb.ModelInferRequest(parameters={"timeout": pb.InferParameter(int64_param=2_500_000)}), 2.5),
+], ids=["switchboard-none", "switchboard-own", "switchboard-past-the-longest", "kserve-none",
+        "kserve-own"])
+def test_a_calls_deadline_is_its_timeout_within_the_servers_longest_and_a_grace_later(
+        request_, deadline_s: float) -> None:
+    """The server ends a request at its timeout with an error naming it; the call's deadline
+    comes a grace later so that this error is what the client reads. Without a timeout (or
+    past what the server takes, which it refuses) the bound is the server's longest."""
+    assert deadline_of(request_, LONGEST_S) == deadline_s + UPSTREAM_GRACE_S
 
 
 # --- MindIE /generate ------------------------------------------------------------------------
@@ -331,7 +341,7 @@ def test_mindie_generate_example_translates_with_typed_parameters() -> None:
     (tensor,) = request.inputs
     assert (tensor.name, tensor.datatype, list(tensor.shape)) == ("text_input", "BYTES", [1])
     assert deserialize_bytes(request.raw_input_contents[0]) == [b"My name is Olivier and I"]
-    assert options == triton.GenerateOptions(details=True, perf_stat=True, deadline_s=10.0 + UPSTREAM_GRACE_S)
+    assert options == triton.GenerateOptions(details=True, perf_stat=True)
     P = pb.InferParameter
     assert dict(request.parameters) == {
         "details": P(bool_param=True), "do_sample": P(bool_param=True),
@@ -349,7 +359,7 @@ def test_generate_top_level_properties_are_parameters_the_object_wins() -> None:
         False)
     assert request.parameters["seed"] == pb.InferParameter(uint64_param=2**63)
     assert request.parameters["top_k"].int64_param == 4
-    assert options == triton.GenerateOptions(details=True, perf_stat=False, deadline_s=600.0 + UPSTREAM_GRACE_S)
+    assert options == triton.GenerateOptions(details=True, perf_stat=False)
 
 
 @pytest.mark.parametrize(("document", "field"), [
@@ -473,7 +483,7 @@ def vllm_response(text: str, **outputs: tuple[str, bytes]) -> pb.ModelInferRespo
 
 
 def test_vllm_backend_replies_are_tritons_each_output_under_its_name() -> None:
-    replies = triton.reply_stream(triton.GenerateOptions(False, False, 600.0, vllm=True))
+    replies = triton.reply_stream(triton.GenerateOptions(False, False, vllm=True))
     first = replies.add(vllm_response(" Paris", finish_reason=("BYTES", serialize_bytes([b"None"]))))
     assert first == {"model_name": "m", "model_version": "1", "text_output": " Paris",
                      "finish_reason": "None"}
@@ -519,7 +529,7 @@ def run(options: triton.GenerateOptions) -> tuple[list[dict[str, object]], dict[
 
 
 def test_stream_events_carry_running_details() -> None:
-    events, _ = run(triton.GenerateOptions(details=False, perf_stat=True, deadline_s=600.0))
+    events, _ = run(triton.GenerateOptions(details=False, perf_stat=True))
     assert [(e["text_output"], e["prefill_time"], e["decode_time"]) for e in events] == [
         ("Hello", 12.0, None), (" wor", None, 3.0), ("ld!", None, 2.5), ("", None, None)]
     assert [e["details"]["generated_tokens"] for e in events] == [1, 2, 3, 3]
@@ -536,7 +546,7 @@ def test_stream_events_carry_running_details() -> None:
 @pytest.mark.parametrize(("details", "perf_stat"), [(False, False), (True, False), (True, True)])
 def test_stream_reply_shows_details_and_perf_stat_only_when_asked(details: bool,
                                                                  perf_stat: bool) -> None:
-    _, reply = run(triton.GenerateOptions(details=details, perf_stat=perf_stat, deadline_s=1.0))
+    _, reply = run(triton.GenerateOptions(details=details, perf_stat=perf_stat))
     expected: dict[str, object] = {"id": "a", "model_name": "smollm2", "model_version": "1",
                                    "text_output": "Hello world!"}
     if details:
@@ -548,14 +558,14 @@ def test_stream_reply_shows_details_and_perf_stat_only_when_asked(details: bool,
 
 
 def test_stream_events_with_details_carry_kserves_token() -> None:
-    events, _ = run(triton.GenerateOptions(details=True, perf_stat=False, deadline_s=1.0))
+    events, _ = run(triton.GenerateOptions(details=True, perf_stat=False))
     assert [e["details"].get("finish_reason") for e in events] == [None, None, None, "stop"]
     assert [e["details"]["token"] for e in events] == [*TOKENS, None]
     assert events[0]["details"]["first_token_cost"] == 12.0  # MindIE's keys stay
 
 
 def test_request_stopped_before_any_token() -> None:
-    stream = triton.GenerateStream(triton.GenerateOptions(True, True, 600.0))
+    stream = triton.GenerateStream(triton.GenerateOptions(True, True))
     event = stream.add(generated("", finish_reason="stop", generated_tokens=0))
     assert (event["prefill_time"], event["decode_time"]) == (None, None)
     assert stream.reply()["details"] == {"generated_tokens": 0, "first_token_cost": None,
@@ -564,7 +574,7 @@ def test_request_stopped_before_any_token() -> None:
 
 
 def test_last_token_carrying_the_finish_reason_counts_as_a_token() -> None:
-    stream = triton.GenerateStream(triton.GenerateOptions(True, True, 600.0))
+    stream = triton.GenerateStream(triton.GenerateOptions(True, True))
     stream.add(generated("a", 1, 1_000))
     last = stream.add(generated("b", 2, 2_000, finish_reason="length", generated_tokens=2))
     assert (last["decode_time"], last["details"]["finish_reason"]) == (2.0, "length")

@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from switchboard.gateway.errors import RequestError
 from switchboard.gateway.protocols import kserve, mindie, mindie_management, openai, tgi, triton, vllm
 from switchboard.gateway.protocols.parameters import (INT64_MAX, MICROSECONDS, UINT32_MAX, UINT64_MAX,
-                                          UPSTREAM_GRACE_S, parameter_value)
+                                          parameter_value)
 from switchboard.proto import generation_fields, vllm_sampling
 from switchboard.proto import switchboard_pb2 as sb
 from switchboard.proto.tensor_bytes import deserialize_bytes
@@ -370,10 +370,9 @@ def test_mindie_parameters_round_trip(inputs: str, request_id: str, temperature:
                                       details: bool) -> None:
     parameters = {"temperature": temperature, "max_new_tokens": max_new_tokens, "seed": seed,
                   "stop": stop, "priority": priority, "timeout": timeout, "details": details}
-    request, streamed, detailed, deadline_s = mindie.infer_request_to_pb(
+    request, streamed, detailed = mindie.infer_request_to_pb(
         {"id": request_id, "inputs": inputs, "stream": stream, "parameters": parameters}, False)
     assert (request.text, request.id, streamed, detailed) == (inputs, request_id, stream, details)
-    assert deadline_s == timeout + UPSTREAM_GRACE_S
     # details shapes MindIE's reply; an empty stop list is no stop list.
     carried = {name: value for name, value in parameters.items() if name not in ("details", "stop")}
     assert decoded(request) == {**carried, **_stops(stop)}
@@ -433,7 +432,7 @@ def test_openai_completion_prompts_round_trip(prompts: list[str | list[int]],
        stream=st.booleans())
 def test_vllm_round_trip(prompt: str, temperature: float, top_k: int, max_tokens: int | None,
                          seed: int, stop: list[str] | str, stream: bool) -> None:
-    request, echoed, streamed, _ = vllm.generate_request_to_pb(
+    request, echoed, streamed = vllm.generate_request_to_pb(
         {"prompt": prompt, "temperature": temperature, "top_k": top_k, "max_tokens": max_tokens,
          "seed": seed, "stop": stop, "stream": stream})
     assert (request.text, echoed, streamed) == (prompt, prompt, stream)
@@ -478,7 +477,7 @@ KSERVE_DATA = {
 @given(data=st.data(), datatype=st.sampled_from(sorted(KSERVE_DATA)))
 def test_kserve_tensor_data_round_trips(data: st.DataObject, datatype: str) -> None:
     values = data.draw(st.lists(KSERVE_DATA[datatype], max_size=6))
-    request, _, _ = kserve.infer_request_to_pb("m", "", {"inputs": [
+    request, _ = kserve.infer_request_to_pb("m", "", {"inputs": [
         {"name": "x", "datatype": datatype, "shape": [len(values)], "data": values}]}, b"")
     dtype = np.dtype(kserve.NUMPY_TYPES[datatype])
     assert np.frombuffer(request.raw_input_contents[0], dtype).tolist() == values
@@ -487,7 +486,7 @@ def test_kserve_tensor_data_round_trips(data: st.DataObject, datatype: str) -> N
 @ROUND_TRIP
 @given(values=st.lists(TEXT, max_size=4))
 def test_kserve_bytes_data_round_trips(values: list[str]) -> None:
-    request, _, _ = kserve.infer_request_to_pb("m", "", {"inputs": [
+    request, _ = kserve.infer_request_to_pb("m", "", {"inputs": [
         {"name": "x", "datatype": "BYTES", "shape": [len(values)], "data": values}]}, b"")
     assert deserialize_bytes(request.raw_input_contents[0]) == [v.encode() for v in values]
 
