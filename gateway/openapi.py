@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 import grpc
 import tornado.routing
 import tornado.web
-from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
 from switchboard.gateway import generation_handlers as generation
 from switchboard.gateway import management_handlers as management
@@ -187,6 +187,18 @@ def _bound(limit: sb.ParameterLimits, name: str) -> float | None:
         return None
     value = getattr(limit, name)
     return int(value) if value.is_integer() else value
+
+
+_SCALARS = {FieldDescriptor.TYPE_BOOL: BOOLEAN, FieldDescriptor.TYPE_STRING: STRING,
+            FieldDescriptor.TYPE_UINT32: integer(0, generation_fields.UINT32_MAX)}
+
+
+def message_schema(descriptor: Descriptor) -> JSON:
+    """A switchboard.v1 message that travels as JSON, field for field, as protobuf's JSON
+    mapping reads it (null: absent; other keys ignored)."""
+    return obj({field.name: nullable(array(_SCALARS[field.type]) if field.is_repeated
+                                     else _SCALARS[field.type])
+                for field in descriptor.fields})
 
 
 def from_zero(schema: JSON) -> JSON:
@@ -410,12 +422,7 @@ def requests(limits: Limits) -> dict[str, JSON]:
                     **{name: neutral(values) for name, values in openai.CHAT_NEUTRAL_VALUES.items()
                        if name not in openai.NEUTRAL_VALUES}}),
         }, ["messages"], closed=True),
-        "KVTransferParams": obj({
-            "do_remote_decode": nullable(BOOLEAN), "do_remote_prefill": nullable(BOOLEAN),
-            "remote_engine_id": nullable(STRING),
-            "remote_block_ids": nullable(array(integer(0, generation_fields.UINT32_MAX))),
-            "remote_host": nullable(STRING), "remote_port": nullable(integer(0, 65535)),
-            "remote_request_id": nullable(STRING)}),
+        "KVTransferParams": message_schema(sb.KVTransferParams.DESCRIPTOR),
         "ResponsesRequest": obj({
             **optional({**vllm_sampling_parameters(openai.SAMPLING_FIELDS - {"n"}, limits),
                         **{name: OPENAI_IGNORED_TYPES[name]
