@@ -201,6 +201,35 @@ def test_a_client_leaving_a_coordinated_stream_leaves_no_block_kept(pki, servers
         pair.assert_no_block_kept()
 
 
+def test_a_decode_server_killed_mid_stream_ends_the_stream_with_an_error_and_keeps_nothing(
+        pki, servers, pair) -> None:
+    """The client reads an error event where the stream stops, in OpenAI's shape; the
+    prefill server keeps no KV cache, its reader gone or not; while the decode server is away
+    the coordinator answers 503, and the prefill it made for that request is freed by the
+    lease."""
+    prefill_server, _, _, _ = servers
+    with own_service(pki.folder, server_args=FLOAT32) as (doomed, _), \
+            coordinator(pki, prefill_server.address, doomed.address) as gateway:
+        connection = connect(gateway.url("business"), pair.files)
+        connection.request("POST", "/v1/completions", json.dumps(
+            {**completion(PROMPTS[5]), "max_tokens": 2000, "stream": True}),
+            {"Content-Type": "application/json"})
+        response = connection.getresponse()
+        assert response.status == 200
+        assert response.readline().startswith(b"data: ")  # decoding has begun
+        doomed.process.kill()
+        events = [line[len(b"data: "):].strip() for line in response
+                  if line.startswith(b"data: ")]
+        connection.close()
+        errors = [json.loads(event)["error"] for event in events
+                  if event.startswith(b"{") and "error" in json.loads(event)]
+        assert len(errors) == 1 and errors[0]["code"] == "503", events[-3:]
+        status, reply = request(gateway.url("business"), pair.files, "/v1/completions",
+                                completion(PROMPTS[0]))
+        assert status == 503 and reply["error"]["code"] == "503", reply
+    pair.assert_no_block_kept(within_s=LEASE_S + 2)
+
+
 def test_a_coordinator_whose_prefill_server_is_gone_has_the_decoder_compute(pki, servers,
                                                                               pair) -> None:
     _, _, decode_server, _ = servers
