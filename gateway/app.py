@@ -130,7 +130,7 @@ class Gateway:
         self.services = Services(upstream=Upstream(config.upstream), lifecycle=self.lifecycle,
                                  prefill=None if config.prefill is None
                                  else Upstream(config.prefill),
-                                 roles=Roles(self._management_port, self._peer_tls),
+                                 roles=Roles(self._management_port, self._peer_tls, config.role),
                                  dresults=DResults(), peer_tls=self._peer_tls,
                                  metrics=GatewayMetrics(lambda: self.lifecycle.in_flight),
                                  max_body_bytes=config.max_body_bytes,

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from switchboard.gateway.roles import NO_ROLE, ROLES
 from switchboard.proto.constants import MAX_BODY_BYTES
 from switchboard.tls import TLSFiles, TLSMaterial
 from switchboard.tls.plaintext import check_plaintext_host
@@ -127,6 +128,9 @@ class GatewayConfig:
     # Prefill/decode disaggregation coordinated here: the server that prefills, for
     # `upstream` to decode (None: upstream does both).
     prefill: UpstreamConfig | None = None
+    # MindIE's prefill/decode role from the start, as if its controller had assigned it
+    # without peers (see `roles.py`).
+    role: str = NO_ROLE
 
     def __post_init__(self) -> None:
         if sorted(plane.plane.value for plane in self.planes) != sorted(p.value for p in Plane):
@@ -144,6 +148,8 @@ class GatewayConfig:
                 continue
             if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
                 raise ValueError(f"{name} must be positive; got {value!r}")
+        if self.role not in (NO_ROLE, *ROLES):
+            raise ValueError(f"role must be one of {', '.join(ROLES)}; got {self.role!r}")
         if self.max_body_bytes > MAX_BODY_BYTES:
             raise ValueError(f"max_body_bytes must be at most {MAX_BODY_BYTES}: the server "
                              "takes no gRPC message a larger body could become; got "

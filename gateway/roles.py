@@ -59,11 +59,12 @@ class Peer:
 
 class Roles:
     def __init__(self, own_port: Callable[[], int],
-                 client_tls: Callable[[], ssl.SSLContext | None]) -> None:
+                 client_tls: Callable[[], ssl.SSLContext | None], role: str = NO_ROLE) -> None:
         """own_port: this gateway's management port (a peer's by default); client_tls: the
         context this gateway reaches its peers' management planes with (None: they speak
-        plain HTTP, as this one does)."""
-        self.role = NO_ROLE
+        plain HTTP, as this one does); role: the role from the start, without peers (a
+        prefill instance needs none: each request names its decode instance)."""
+        self.role = role
         self.status = RoleStatus.READY  # as MindIE reports an instance outside DMI mode
         self._own_port = own_port
         self._client_tls = client_tls

@@ -29,6 +29,7 @@ from switchboard.gateway.config import (DEFAULT_BUSINESS_PORT, DEFAULT_CLIENT_TI
                             DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_HEADER_BYTES,
                             DEFAULT_METRICS_PORT, DEFAULT_UPSTREAM,
                             GatewayConfig, Plane, PlaneConfig, TLSMode, UpstreamConfig)
+from switchboard.gateway.roles import NO_ROLE, ROLES
 from switchboard.server.config import (DEFAULT_GRPC_HOST, DEFAULT_GRPC_PORT, DEFAULT_MODEL_NAME, ConfigError,
                            ServerConfig, crl_file_from_settings, read_config_file,
                            tls_files_from_settings)
@@ -218,6 +219,9 @@ def _add_gateway_arguments(parser: argparse.ArgumentParser, *, with_upstream: bo
             help="prefill/decode disaggregation coordinated by the gateway: the gRPC server "
                  "that prefills each prompt for --upstream to decode (mutual TLS with the "
                  "gateway's own certificate, as to --upstream)")
+    add("--role", choices=ROLES,
+        help="MindIE's prefill/decode role from the start, as if its controller had assigned "
+             "it (POST /v1/role/{role} changes it; default: none)")
     add("--http-host", help=f"business plane address (default: {DEFAULT_HTTP_HOST})")
     add("--http-port", type=int,
         help=f"business plane port (default: {DEFAULT_BUSINESS_PORT}; 0 picks one)")
@@ -358,7 +362,8 @@ def gateway_config(args: argparse.Namespace) -> GatewayConfig:
                                                        DEFAULT_MAX_HEADER_BYTES),
                          max_client_connections=settings.get("max_client_connections"),
                          prefill=UpstreamConfig(target=settings["prefill"], tls=client_files)
-                         if settings.get("prefill") else None)
+                         if settings.get("prefill") else None,
+                         role=settings.get("role", NO_ROLE))
 
 
 def _server_tls(args: argparse.Namespace, settings: dict[str, object]) -> TLSFiles:

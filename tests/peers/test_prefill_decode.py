@@ -380,6 +380,34 @@ def test_a_prefill_handed_over_streams_its_answer_on_the_decoders_dresult(
     pair.assert_no_block_kept()
 
 
+def test_a_gateway_started_in_the_prefill_role_hands_requests_over_unassigned(
+        pki, servers, roles_assigned) -> None:
+    """`--role prefill`: the role from the start, as if MindIE's controller had assigned it
+    (a prefill instance needs no peers: each request names its decode instance)."""
+    pair = roles_assigned
+    prefill_server, _, _, _ = servers
+    gateway = start_gateway(pki.folder, prefill_server.address, "--role", "prefill")
+    reader = DResultReader(pair.decode, pair.files)
+    try:
+        status, reply = request(gateway.url("management"), pair.files, "/v1/status")
+        assert reply["service"] == {"roleStatus": "RoleReady", "currentRole": "prefill"}
+        assert reply["linkStatus"] == {"peers": []}
+        headers = {"req-type": "prefill", "req-id": "c0ffee",
+                   "d-target": f"127.0.0.1;{urlsplit(pair.decode.url('business')).port}"}
+        status, reply = post(gateway, pair.files, "/v1/completions", completion(PROMPTS[1]),
+                             headers)
+        assert (status, reply) == (200, {"reqId": "c0ffee", "isStream": False})
+        reader.wait_for(b"reqId:c0ffee", within_s=60)
+        [(kind, whole)] = reader.results("c0ffee")
+        assert kind == "lastData"
+        assert json.loads(whole)["choices"][0]["text"] == pair.call(
+            pair.decode, "/v1/completions", completion(PROMPTS[1]))["choices"][0]["text"]
+    finally:
+        reader.close()
+        gateway.stop()
+    pair.assert_no_block_kept()
+
+
 def test_dresult_beats_when_idle_and_a_new_connection_replaces_the_old(roles_assigned) -> None:
     pair = roles_assigned
     first = DResultReader(pair.decode, pair.files)

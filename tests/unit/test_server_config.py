@@ -381,6 +381,13 @@ def test_gateway_ports_come_from_mindie_keys_then_flags(pki: DevPKIPaths, tmp_pa
     assert config.upstream.target == "127.0.0.1:9001"
 
 
+def test_the_gateway_takes_a_prefill_decode_role_from_the_start(pki: DevPKIPaths) -> None:
+    assert gateway_settings("--tls-dir", str(pki.folder)).role == "none"
+    assert gateway_settings("--tls-dir", str(pki.folder), "--role", "prefill").role == "prefill"
+    with pytest.raises(SystemExit):
+        gateway_settings("--tls-dir", str(pki.folder), "--role", "primary")
+
+
 def test_the_upstream_from_a_grpc_port_alone_is_on_the_default_host(pki: DevPKIPaths,
                                                                     tmp_path: Path) -> None:
     path = write_config(tmp_path, {"grpcPort": 9002})
