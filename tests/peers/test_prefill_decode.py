@@ -314,6 +314,13 @@ class DResultReader:
                 found.append((kind.decode(), body))
         return found
 
+    def whole_answer(self, request_id: str) -> dict:
+        """A request's answer when not streamed: one lastData record, the whole answer."""
+        self.wait_for(b"reqId:" + request_id.encode(), within_s=60)
+        [(kind, whole)] = self.results(request_id)
+        assert kind == "lastData"
+        return json.loads(whole)
+
     def close(self) -> None:
         self.connection.close()
 
@@ -370,10 +377,7 @@ def test_a_prefill_handed_over_streams_its_answer_on_the_decoders_dresult(
         status, reply = post(pair.prefill, pair.files, "/v1/completions",
                              {**completion(PROMPTS[0])}, {**headers, "req-id": "ff01"})
         assert (status, reply) == (200, {"reqId": "ff01", "isStream": False})
-        reader.wait_for(b"reqId:ff01", within_s=60)
-        [(kind, whole)] = reader.results("ff01")
-        assert kind == "lastData"
-        assert json.loads(whole)["choices"][0]["text"] == pair.call(
+        assert reader.whole_answer("ff01")["choices"][0]["text"] == pair.call(
             pair.decode, "/v1/completions", completion(PROMPTS[0]))["choices"][0]["text"]
     finally:
         reader.close()
@@ -397,10 +401,7 @@ def test_a_gateway_started_in_the_prefill_role_hands_requests_over_unassigned(
         status, reply = post(gateway, pair.files, "/v1/completions", completion(PROMPTS[1]),
                              headers)
         assert (status, reply) == (200, {"reqId": "c0ffee", "isStream": False})
-        reader.wait_for(b"reqId:c0ffee", within_s=60)
-        [(kind, whole)] = reader.results("c0ffee")
-        assert kind == "lastData"
-        assert json.loads(whole)["choices"][0]["text"] == pair.call(
+        assert reader.whole_answer("c0ffee")["choices"][0]["text"] == pair.call(
             pair.decode, "/v1/completions", completion(PROMPTS[1]))["choices"][0]["text"]
     finally:
         reader.close()
