@@ -18,7 +18,8 @@ import ipaddress
 import json
 import logging
 import ssl
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
 
 import grpc
 from google.protobuf import json_format
@@ -26,10 +27,16 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
 from switchboard.gateway.dresult import DResults, Record
 from switchboard.gateway.errors import RequestError, client_message
+from switchboard.gateway.handler import Handler
+from switchboard.gateway.protocols import triton
 from switchboard.gateway.protocols.exchange import Exchange
+from switchboard.gateway.protocols.openai import KV_TRANSFER_FIELD
 from switchboard.gateway.roles import Roles
+from switchboard.gateway.sse import sse_event
 from switchboard.gateway.upstream import Upstream
+from switchboard.proto import grpc_service_pb2 as pb
 from switchboard.proto import switchboard_pb2 as sb
+from switchboard.tls.pki import GATEWAY_IDENTITY
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +47,7 @@ TARGET_HEADER = "d-target"
 DECODE_HEADER = "x-switchboard-kv-transfer"
 MAX_REQUEST_ID = 1024
 HANDOFF_TIMEOUT_S = 30.0
+NOTHING_KEPT = "[P Node] the prefill kept no KV cache to hand over"
 
 
 def is_prefill(headers: Mapping[str, str]) -> bool:
@@ -80,71 +88,164 @@ def checked_prefill(headers: Mapping[str, str], roles: Roles, own_port: int
     return request_id, f"{host}:{port or own_port}"
 
 
-async def prefill_and_hand_over(exchange: Exchange, deadline_s: float, upstream: Upstream,
-                                target: str,
-                                request_id: str, path: str, body: bytes,
-                                client_tls: ssl.SSLContext | None) -> dict[str, object]:
+@dataclass(frozen=True, slots=True)
+class Leg:
+    """What a route gives a DMI request: whether its answer streams, how to prefill it here
+    (returning the kv_transfer_params the prefill kept, as JSON), and how to decode it from
+    such parameters: checked at once (RequestError), then the records of its answer, a
+    streamed answer's events as data and its last as lastData, or the whole answer as
+    lastData."""
+
+    stream: bool
+    prefill: Callable[[], Awaitable[str]]
+    decode: Callable[[str], AsyncIterator[tuple[Record, bytes]]]
+
+
+def prefill_target(handler: Handler) -> tuple[str, str] | None:
+    """A prefill request's id and its decode instance's address (None: not one), checked
+    before the body is, as MindIE checks them."""
+    if not is_prefill(handler.request.headers):
+        return None
+    return checked_prefill(handler.request.headers, handler.services.roles, handler.own_port())
+
+
+def is_leg(headers: Mapping[str, str]) -> bool:
+    return is_prefill(headers) or is_decode(headers)
+
+
+async def answer(handler: Handler, leg: Leg, target: tuple[str, str] | None) -> None:
+    """Answer a DMI leg (`is_leg`; `target`: its `prefill_target`)."""
+    if target is not None:
+        handler.write_json(await _hand_over(leg, *target, handler.request.path, handler.body,
+                                            handler.services.peer_tls()))
+        return
+    headers = handler.request.headers
+    if handler.client_identity() != GATEWAY_IDENTITY:
+        raise RequestError(403, "only a prefill instance's gateway hands requests over")
+    request_id = headers.get(REQUEST_ID_HEADER, "")
+    if not request_id:
+        raise RequestError(400, "a handed-off request has a req-id")
+    records = leg.decode(headers[DECODE_HEADER])
+    handler.services.dresults.run(_publish(request_id, records, handler.services.dresults))
+    handler.write_json({"isValidDecodeParameters": True})
+
+
+async def _hand_over(leg: Leg, request_id: str, target: str, path: str, body: bytes,
+                     client_tls: ssl.SSLContext | None) -> dict[str, object]:
     """Prefill here, hand the request to the decode instance's gateway, and MindIE's answer
     to the coordinator."""
-    if len(exchange.requests) != 1:
-        raise RequestError(400, "a DMI request has one prompt")
-    prefill = sb.GenerateRequest()
-    prefill.CopyFrom(exchange.requests[0])
-    prefill.sampling.max_new_tokens = 1
-    prefill.sampling.ClearField("min_new_tokens")
-    prefill.kv_transfer_params.do_remote_decode = True
-    params = None
-    async for response in upstream.generation.Generate(prefill, timeout=deadline_s):
-        if response.HasField("kv_transfer_params"):
-            params = response.kv_transfer_params
-    if params is None:  # a refused or failed prefill ends with its error status instead
-        raise RequestError(500, "[P Node] the prefill kept no KV cache to hand over")
+    params = await leg.prefill()
     scheme = "http" if client_tls is None else "https"
     try:
         await AsyncHTTPClient().fetch(HTTPRequest(
             f"{scheme}://{target}{path}", method="POST", body=body,
             headers={"Content-Type": "application/json", REQUEST_ID_HEADER: request_id,
-                     DECODE_HEADER: json_format.MessageToJson(params, indent=None)},
+                     DECODE_HEADER: params},
             ssl_options=client_tls, request_timeout=HANDOFF_TIMEOUT_S))
     except (HTTPClientError, OSError, ssl.SSLError) as error:
         raise RequestError(500, f"[P Node] Send D request failed: {error}") from None
-    answer: dict[str, object] = {"reqId": request_id, "isStream": exchange.stream}
-    if exchange.stream:
+    answer: dict[str, object] = {"reqId": request_id, "isStream": leg.stream}
+    if leg.stream:
         answer.update(isLastResp=False, output="")
     return answer
 
 
-def start_decode(exchange: Exchange, deadline_s: float, headers: Mapping[str, str],
-                 upstream: Upstream, dresults: DResults) -> None:
-    """Generate a handed-off request from its prefilled KV cache, publishing its answer on
-    /dresult (in the background: the prefill instance's gateway waits for no more)."""
-    request_id = headers.get(REQUEST_ID_HEADER, "")
-    if len(exchange.requests) != 1 or not request_id:
-        raise RequestError(400, "a handed-off request has one prompt and a req-id")
-    request = exchange.requests[0]
+async def _publish(request_id: str, records: AsyncIterator[tuple[Record, bytes]],
+                   dresults: DResults) -> None:
     try:
-        json_format.Parse(headers[DECODE_HEADER], request.kv_transfer_params)
-    except json_format.ParseError as error:
-        raise RequestError(400, f"{DECODE_HEADER}: {error}") from None
-    dresults.run(_decode(exchange, deadline_s, request_id, upstream, dresults))
-
-
-async def _decode(exchange: Exchange, deadline_s: float, request_id: str, upstream: Upstream,
-                  dresults: DResults) -> None:
-    answer = exchange.answer
-    try:
-        async for response in upstream.generation.Generate(exchange.requests[0],
-                                                           timeout=deadline_s):
-            if exchange.stream:
-                for chunk in answer.events(0, response):
-                    dresults.publish(request_id, Record.DATA, chunk)
-            else:
-                answer.collect(0, response)
+        async for kind, record in records:
+            dresults.publish(request_id, kind, record)
     except grpc.aio.AioRpcError as error:
         dresults.publish(request_id, Record.ERROR,
                          client_message(error.code(), error.details()).encode())
         return
-    last = answer.end() if exchange.stream else json.dumps(answer.reply(),
-                                                           ensure_ascii=False).encode()
-    dresults.publish(request_id, Record.LAST_DATA, last)
     logger.info("request %s decoded for its coordinator's /dresult", request_id)
+
+
+def generation_leg(exchange: Exchange, deadline_s: float, upstream: Upstream) -> Leg:
+    """A switchboard.v1 Generate route's leg: the prefill keeps its KV cache as vLLM's
+    do_remote_decode asks; the decode reads it through its kv_transfer_params."""
+    if len(exchange.requests) != 1:
+        raise RequestError(400, "a DMI request has one prompt")
+    [request] = exchange.requests
+
+    async def prefill() -> str:
+        prefill = sb.GenerateRequest()
+        prefill.CopyFrom(request)
+        prefill.sampling.max_new_tokens = 1
+        prefill.sampling.ClearField("min_new_tokens")
+        prefill.kv_transfer_params.do_remote_decode = True
+        params = None
+        async for response in upstream.generation.Generate(prefill, timeout=deadline_s):
+            if response.HasField("kv_transfer_params"):
+                params = response.kv_transfer_params
+        if params is None:  # a refused or failed prefill ends with its error status instead
+            raise RequestError(500, NOTHING_KEPT)
+        return json_format.MessageToJson(params, indent=None)
+
+    async def records() -> AsyncIterator[tuple[Record, bytes]]:
+        answer = exchange.answer
+        async for response in upstream.generation.Generate(request, timeout=deadline_s):
+            if exchange.stream:
+                for chunk in answer.events(0, response):
+                    yield Record.DATA, chunk
+            else:
+                answer.collect(0, response)
+        yield Record.LAST_DATA, (answer.end() if exchange.stream else
+                                 json.dumps(answer.reply(), ensure_ascii=False).encode())
+
+    def decode(params: str) -> AsyncIterator[tuple[Record, bytes]]:
+        try:
+            json_format.Parse(params, request.kv_transfer_params)
+        except json_format.ParseError as error:
+            raise RequestError(400, f"{DECODE_HEADER}: {error}") from None
+        return records()
+
+    return Leg(exchange.stream, prefill, decode)
+
+
+def triton_leg(request: pb.ModelInferRequest, options: triton.GenerateOptions, stream: bool,
+               deadline_s: float, upstream: Upstream) -> Leg:
+    """Triton's generate routes' leg (MindIE's parameters; not the vLLM backend's inputs,
+    which would override the prefill's one token): the same exchange, in KServe's string
+    parameter."""
+    if options.vllm:
+        raise RequestError(400, "a DMI request on Triton's routes takes MindIE's parameters, "
+                           "not the vLLM backend interface's inputs")
+
+    async def prefill() -> str:
+        prefill = pb.ModelInferRequest()
+        prefill.CopyFrom(request)
+        prefill.parameters["max_new_tokens"].CopyFrom(pb.InferParameter(int64_param=1))
+        prefill.parameters.pop("min_new_tokens", None)
+        prefill.parameters[KV_TRANSFER_FIELD].string_param = json.dumps(
+            {"do_remote_decode": True})
+        params = ""
+        async for response in upstream.generation.InferStream(prefill, timeout=deadline_s):
+            kept = response.infer_response.parameters.get(KV_TRANSFER_FIELD)
+            params = kept.string_param if kept is not None else params
+        if not params:
+            raise RequestError(500, NOTHING_KEPT)
+        return params
+
+    async def records() -> AsyncIterator[tuple[Record, bytes]]:
+        replies = triton.reply_stream(options)
+        async for response in upstream.generation.InferStream(request, timeout=deadline_s):
+            event = replies.add(response.infer_response)
+            if stream:
+                yield (Record.LAST_DATA if "finish_reason" in response.infer_response.parameters
+                       else Record.DATA), sse_event(event)
+        if not stream:
+            yield Record.LAST_DATA, json.dumps(replies.reply(), ensure_ascii=False).encode()
+
+    def decode(params: str) -> AsyncIterator[tuple[Record, bytes]]:
+        try:
+            valid = isinstance(json.loads(params), dict)
+        except ValueError:
+            valid = False
+        if not valid:
+            raise RequestError(400, f"{DECODE_HEADER}: must be a JSON object")
+        request.parameters[KV_TRANSFER_FIELD].string_param = params
+        return records()
+
+    return Leg(stream, prefill, decode)

@@ -21,7 +21,6 @@ from switchboard.gateway.protocols.exchange import (Exchange, GenerationProtocol
 from switchboard.gateway.protocols.kserve import parse_json
 from switchboard.proto import grpc_service_pb2 as pb
 from switchboard.proto import switchboard_pb2 as sb
-from switchboard.tls.pki import GATEWAY_IDENTITY
 
 
 class GenerationHandler(Handler):
@@ -93,22 +92,11 @@ class GenerationRoute(ProtocolRoute):
     async def post(self) -> None:
         document = parse_json(self.body)
         self.speaker = self.protocol.speaking(document)
-        headers = self.request.headers
-        if dmi.is_prefill(headers):  # checked before the body: MindIE's order
-            request_id, target = dmi.checked_prefill(headers, self.services.roles,
-                                                     self.own_port())
+        target = dmi.prefill_target(self)
         self.exchange = exchange = await self.speaker.exchange(document, self.served_model_name)
-        if dmi.is_prefill(headers):
-            self.write_json(await dmi.prefill_and_hand_over(
-                exchange, await self.call_deadline_s(exchange.requests[0]), self.upstream, target, request_id, self.request.path, self.body,
-                self.services.peer_tls()))
-            return
-        if dmi.is_decode(headers):
-            if self.client_identity() != GATEWAY_IDENTITY:
-                raise RequestError(403, "only a prefill instance's gateway hands requests over")
-            dmi.start_decode(exchange, await self.call_deadline_s(exchange.requests[0]),
-                             headers, self.upstream, self.services.dresults)
-            self.write_json({"isValidDecodeParameters": True})
+        if dmi.is_leg(self.request.headers):
+            await dmi.answer(self, dmi.generation_leg(
+                exchange, await self.call_deadline_s(exchange.requests[0]), self.upstream), target)
             return
         answer = exchange.answer
         responses = _merged([self.generate(request, await self.call_deadline_s(request))

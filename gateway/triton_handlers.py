@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import grpc
 
+from switchboard.gateway import dmi
 from switchboard.gateway.errors import KSERVE_HTTP_STATUS, RequestError
 from switchboard.gateway.handler import METADATA_TIMEOUT_S, Handler
 from switchboard.gateway.protocols import kserve, triton
@@ -106,19 +107,28 @@ class GenerateHandler(Handler):
     streams = False
 
     async def post(self, model: str, version: str | None = None) -> None:
-        call, stream = await self._start(model, version)
+        if (started := await self._start(model, version)) is None:
+            return
+        call, stream = started
         async for response in call:
             stream.add(response.infer_response)
         self.write_json(stream.reply())
 
     async def _start(self, model: str, version: str | None
-               ) -> tuple[grpc.aio.UnaryStreamCall, triton.GenerateStream | triton.TritonReplies]:
+                     ) -> tuple[grpc.aio.UnaryStreamCall,
+                                triton.GenerateStream | triton.TritonReplies] | None:
+        """The call and what renders its responses; None for a DMI leg, answered."""
+        target = dmi.prefill_target(self)
         request, options = triton.generate_request_to_pb(model, version or "",
                                                          kserve.parse_json(self.body),
                                                          self.streams)
         self.names = options.names
-        call = self.upstream.generation.InferStream(
-            request, timeout=await self.call_deadline_s(request))
+        deadline_s = await self.call_deadline_s(request)
+        if dmi.is_leg(self.request.headers):
+            await dmi.answer(self, dmi.triton_leg(request, options, self.streams, deadline_s,
+                                                  self.upstream), target)
+            return None
+        call = self.upstream.generation.InferStream(request, timeout=deadline_s)
         return self.track(call), triton.reply_stream(options)
 
 
@@ -129,7 +139,9 @@ class GenerateStreamHandler(GenerateHandler):
     streams = True
 
     async def post(self, model: str, version: str | None = None) -> None:
-        call, stream = await self._start(model, version)
+        if (started := await self._start(model, version)) is None:
+            return
+        call, stream = started
         await self.relay(call, lambda response: [sse_event(stream.add(response.infer_response))])
 
 

@@ -384,6 +384,35 @@ def test_a_prefill_handed_over_streams_its_answer_on_the_decoders_dresult(
     pair.assert_no_block_kept()
 
 
+def test_tritons_generate_routes_hand_a_prefill_over_too(roles_assigned) -> None:
+    """MindIE's coordinator sends its PD headers on Triton's routes as well: /generate's
+    whole reply and /generate_stream's events come on the decoder's /dresult."""
+    pair = roles_assigned
+    body = {"text_input": PROMPTS[2], "parameters": {"max_new_tokens": 12}}
+    path = f"/v2/models/{MODEL}/generate"
+    alone = pair.call(pair.decode, path, body)["text_output"]
+    reader = DResultReader(pair.decode, pair.files)
+    try:
+        headers = {"req-type": "prefill", "req-id": "7a",
+                   "d-target": f"127.0.0.1;{urlsplit(pair.decode.url('business')).port}"}
+        assert post(pair.prefill, pair.files, path, body, headers) == (
+            200, {"reqId": "7a", "isStream": False})
+        assert reader.whole_answer("7a")["text_output"] == alone
+        status, reply = post(pair.prefill, pair.files, path + "_stream", body,
+                             {**headers, "req-id": "7b"})
+        assert (status, reply) == (200, {"reqId": "7b", "isStream": True,
+                                         "isLastResp": False, "output": ""})
+        reader.wait_for(b"reqId:7b", within_s=60)
+        records, _ = poll(lambda: reader.results("7b"),
+                          lambda found: found and found[-1][0] == "lastData", 60)
+        assert [kind for kind, _ in records] == ["data"] * (len(records) - 1) + ["lastData"]
+        events = [json.loads(record.removeprefix(b"data: ")) for _, record in records]
+        assert "".join(event["text_output"] for event in events) == alone
+    finally:
+        reader.close()
+    pair.assert_no_block_kept()
+
+
 def test_a_gateway_started_in_the_prefill_role_hands_requests_over_unassigned(
         pki, servers, roles_assigned) -> None:
     """`--role prefill`: the role from the start, as if MindIE's controller had assigned it
