@@ -28,7 +28,7 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from switchboard.gateway.dresult import DResults, Record
 from switchboard.gateway.errors import RequestError, client_message
 from switchboard.gateway.handler import Handler
-from switchboard.gateway.protocols import triton
+from switchboard.gateway.protocols import kserve, triton
 from switchboard.gateway.protocols.exchange import Exchange
 from switchboard.gateway.protocols.openai import KV_TRANSFER_FIELD
 from switchboard.gateway.roles import Roles
@@ -47,7 +47,6 @@ TARGET_HEADER = "d-target"
 DECODE_HEADER = "x-switchboard-kv-transfer"
 MAX_REQUEST_ID = 1024
 HANDOFF_TIMEOUT_S = 30.0
-NOTHING_KEPT = "[P Node] the prefill kept no KV cache to hand over"
 
 
 def is_prefill(headers: Mapping[str, str]) -> bool:
@@ -116,8 +115,7 @@ def is_leg(headers: Mapping[str, str]) -> bool:
 async def answer(handler: Handler, leg: Leg, target: tuple[str, str] | None) -> None:
     """Answer a DMI leg (`is_leg`; `target`: its `prefill_target`)."""
     if target is not None:
-        handler.write_json(await _hand_over(leg, *target, handler.request.path, handler.body,
-                                            handler.services.peer_tls()))
+        handler.write_json(await _hand_over(leg, *target, handler, handler.services.peer_tls()))
         return
     headers = handler.request.headers
     if handler.client_identity() != GATEWAY_IDENTITY:
@@ -130,18 +128,21 @@ async def answer(handler: Handler, leg: Leg, target: tuple[str, str] | None) -> 
     handler.write_json({"isValidDecodeParameters": True})
 
 
-async def _hand_over(leg: Leg, request_id: str, target: str, path: str, body: bytes,
+async def _hand_over(leg: Leg, request_id: str, target: str, handler: Handler,
                      client_tls: ssl.SSLContext | None) -> dict[str, object]:
-    """Prefill here, hand the request to the decode instance's gateway, and MindIE's answer
-    to the coordinator."""
+    """Prefill here, hand the request to the decode instance's gateway (the body as this
+    gateway read it, decoded, and KServe's binary-body header where given), and MindIE's
+    answer to the coordinator."""
     params = await leg.prefill()
     scheme = "http" if client_tls is None else "https"
+    headers = {"Content-Type": "application/json", REQUEST_ID_HEADER: request_id,
+               DECODE_HEADER: params}
+    if kserve.HEADER_LENGTH in handler.request.headers:
+        headers[kserve.HEADER_LENGTH] = handler.request.headers[kserve.HEADER_LENGTH]
     try:
         await AsyncHTTPClient().fetch(HTTPRequest(
-            f"{scheme}://{target}{path}", method="POST", body=body,
-            headers={"Content-Type": "application/json", REQUEST_ID_HEADER: request_id,
-                     DECODE_HEADER: params},
-            ssl_options=client_tls, request_timeout=HANDOFF_TIMEOUT_S))
+            f"{scheme}://{target}{handler.request.path}", method="POST", body=handler.body,
+            headers=headers, ssl_options=client_tls, request_timeout=HANDOFF_TIMEOUT_S))
     except (HTTPClientError, OSError, ssl.SSLError) as error:
         raise RequestError(500, f"[P Node] Send D request failed: {error}") from None
     answer: dict[str, object] = {"reqId": request_id, "isStream": leg.stream}
@@ -175,13 +176,11 @@ def generation_leg(exchange: Exchange, deadline_s: float, upstream: Upstream) ->
         prefill.sampling.max_new_tokens = 1
         prefill.sampling.ClearField("min_new_tokens")
         prefill.kv_transfer_params.do_remote_decode = True
-        params = None
+        params = ""
         async for response in upstream.generation.Generate(prefill, timeout=deadline_s):
             if response.HasField("kv_transfer_params"):
-                params = response.kv_transfer_params
-        if params is None:  # a refused or failed prefill ends with its error status instead
-            raise RequestError(500, NOTHING_KEPT)
-        return json_format.MessageToJson(params, indent=None)
+                params = json_format.MessageToJson(response.kv_transfer_params, indent=None)
+        return _handed(params)
 
     async def records() -> AsyncIterator[tuple[Record, bytes]]:
         answer = exchange.answer
@@ -214,19 +213,11 @@ def triton_leg(request: pb.ModelInferRequest, options: triton.GenerateOptions, s
                            "not the vLLM backend interface's inputs")
 
     async def prefill() -> str:
-        prefill = pb.ModelInferRequest()
-        prefill.CopyFrom(request)
-        prefill.parameters["max_new_tokens"].CopyFrom(pb.InferParameter(int64_param=1))
-        prefill.parameters.pop("min_new_tokens", None)
-        prefill.parameters[KV_TRANSFER_FIELD].string_param = json.dumps(
-            {"do_remote_decode": True})
         params = ""
-        async for response in upstream.generation.InferStream(prefill, timeout=deadline_s):
-            kept = response.infer_response.parameters.get(KV_TRANSFER_FIELD)
-            params = kept.string_param if kept is not None else params
-        if not params:
-            raise RequestError(500, NOTHING_KEPT)
-        return params
+        async for response in upstream.generation.InferStream(_kserve_prefill(request),
+                                                               timeout=deadline_s):
+            params = _kept(response.infer_response) or params
+        return _handed(params)
 
     async def records() -> AsyncIterator[tuple[Record, bytes]]:
         replies = triton.reply_stream(options)
@@ -239,13 +230,66 @@ def triton_leg(request: pb.ModelInferRequest, options: triton.GenerateOptions, s
             yield Record.LAST_DATA, json.dumps(replies.reply(), ensure_ascii=False).encode()
 
     def decode(params: str) -> AsyncIterator[tuple[Record, bytes]]:
-        try:
-            valid = isinstance(json.loads(params), dict)
-        except ValueError:
-            valid = False
-        if not valid:
-            raise RequestError(400, f"{DECODE_HEADER}: must be a JSON object")
-        request.parameters[KV_TRANSFER_FIELD].string_param = params
+        _add_kv_parameter(request, params)
         return records()
 
     return Leg(stream, prefill, decode)
+
+
+def kserve_leg(request: pb.ModelInferRequest, options: kserve.OutputOptions,
+               deadline_s: float, upstream: Upstream) -> Leg:
+    """KServe v2's /infer leg (MindIE's Triton token interface): its reply is whole, in JSON
+    (binary outputs would break /dresult's NUL-terminated records)."""
+    if options.default or any(options.by_name.values()):
+        raise RequestError(400, "a DMI request's outputs come as JSON: binary_data must be "
+                           "false")
+
+    async def prefill() -> str:
+        response = await upstream.inference.ModelInfer(_kserve_prefill(request),
+                                                       timeout=deadline_s)
+        return _handed(_kept(response))
+
+    async def records() -> AsyncIterator[tuple[Record, bytes]]:
+        response = await upstream.inference.ModelInfer(request, timeout=deadline_s)
+        yield Record.LAST_DATA, kserve.infer_response_to_http(response, options).body
+
+    def decode(params: str) -> AsyncIterator[tuple[Record, bytes]]:
+        _add_kv_parameter(request, params)
+        return records()
+
+    return Leg(False, prefill, decode)
+
+
+def _kserve_prefill(request: pb.ModelInferRequest) -> pb.ModelInferRequest:
+    """The request for one token, keeping its KV cache for another server (vLLM's
+    do_remote_decode in KServe's string parameter)."""
+    prefill = pb.ModelInferRequest()
+    prefill.CopyFrom(request)
+    prefill.parameters["max_new_tokens"].CopyFrom(pb.InferParameter(int64_param=1))
+    prefill.parameters.pop("min_new_tokens", None)
+    prefill.parameters[KV_TRANSFER_FIELD].string_param = json.dumps({"do_remote_decode": True})
+    return prefill
+
+
+def _kept(response: pb.ModelInferResponse) -> str:
+    """The kv_transfer_params a prefill's response carries ("" if none)."""
+    kept = response.parameters.get(KV_TRANSFER_FIELD)
+    return "" if kept is None else kept.string_param
+
+
+def _handed(params: str) -> str:
+    """A prefill's kv_transfer_params, to hand over ("": it kept none, where a refused or
+    failed prefill would have ended with its error status)."""
+    if not params:
+        raise RequestError(500, "[P Node] the prefill kept no KV cache to hand over")
+    return params
+
+
+def _add_kv_parameter(request: pb.ModelInferRequest, params: str) -> None:
+    try:
+        valid = isinstance(json.loads(params), dict)
+    except ValueError:
+        valid = False
+    if not valid:
+        raise RequestError(400, f"{DECODE_HEADER}: must be a JSON object")
+    request.parameters[KV_TRANSFER_FIELD].string_param = params

@@ -86,11 +86,17 @@ class InferHandler(Handler):
     runs_inference = True
 
     async def post(self, model: str, version: str | None = None) -> None:
+        target = dmi.prefill_target(self)
         document, binary = kserve.split_body(self.body,
                                              self.request.headers.get(kserve.HEADER_LENGTH))
         request, options = kserve.infer_request_to_pb(model, version or "", document, binary)
-        response = await self.track(self.upstream.inference.ModelInfer(
-            request, timeout=await self.call_deadline_s(request)))
+        deadline_s = await self.call_deadline_s(request)
+        if dmi.is_leg(self.request.headers):
+            await dmi.answer(self, dmi.kserve_leg(request, options, deadline_s, self.upstream),
+                             target)
+            return
+        response = await self.track(self.upstream.inference.ModelInfer(request,
+                                                                       timeout=deadline_s))
         reply = kserve.infer_response_to_http(response, options)
         if reply.header_length is None:
             self.set_header("Content-Type", "application/json")

@@ -384,9 +384,10 @@ def test_a_prefill_handed_over_streams_its_answer_on_the_decoders_dresult(
     pair.assert_no_block_kept()
 
 
-def test_tritons_generate_routes_hand_a_prefill_over_too(roles_assigned) -> None:
+def test_tritons_routes_hand_a_prefill_over_too(roles_assigned) -> None:
     """MindIE's coordinator sends its PD headers on Triton's routes as well: /generate's
-    whole reply and /generate_stream's events come on the decoder's /dresult."""
+    whole reply, /generate_stream's events and /infer's reply (in JSON) come on the decoder's
+    /dresult."""
     pair = roles_assigned
     body = {"text_input": PROMPTS[2], "parameters": {"max_new_tokens": 12}}
     path = f"/v2/models/{MODEL}/generate"
@@ -408,6 +409,17 @@ def test_tritons_generate_routes_hand_a_prefill_over_too(roles_assigned) -> None
         assert [kind for kind, _ in records] == ["data"] * (len(records) - 1) + ["lastData"]
         events = [json.loads(record.removeprefix(b"data: ")) for _, record in records]
         assert "".join(event["text_output"] for event in events) == alone
+
+        infer = {"inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1],
+                             "data": [PROMPTS[2]]}], "parameters": {"max_new_tokens": 12}}
+        path = f"/v2/models/{MODEL}/infer"
+        assert post(pair.prefill, pair.files, path, infer, {**headers, "req-id": "7c"}) == (
+            200, {"reqId": "7c", "isStream": False})
+        [output] = reader.whole_answer("7c")["outputs"]
+        assert output["data"] == [alone]
+        status, reply = post(pair.prefill, pair.files, path, {
+            **infer, "parameters": {"binary_data_output": True}}, {**headers, "req-id": "7d"})
+        assert status == 400 and "binary_data" in reply["error"], reply
     finally:
         reader.close()
     pair.assert_no_block_kept()
