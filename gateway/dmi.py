@@ -9,7 +9,9 @@ kv_transfer_params in the DECODE_HEADER header. It answers the coordinator with 
 `{"reqId", "isStream"}` (and, streamed, `"isLastResp": false, "output": ""`: the decode
 instance sends every token, the first too). The decode instance's gateway, which takes the
 hand-off from another gateway only, generates from that KV cache and publishes the protocol's
-answer, chunk by chunk, on its /dresult stream under the request's id.
+answer, chunk by chunk, on its /dresult stream under the request's id. With `is-recompute:
+true` (MindIE's re-dispatch after a failure) nothing is prefilled here: the request is handed
+over with no KV cache, and the decode instance computes the prompt itself.
 """
 
 from __future__ import annotations
@@ -43,10 +45,13 @@ logger = logging.getLogger(__name__)
 REQUEST_TYPE_HEADER = "req-type"
 REQUEST_ID_HEADER = "req-id"
 TARGET_HEADER = "d-target"
+RECOMPUTE_HEADER = "is-recompute"
 # Switchboard's: the prefill's kv_transfer_params, from a prefill instance's gateway.
 DECODE_HEADER = "x-switchboard-kv-transfer"
 MAX_REQUEST_ID = 1024
 HANDOFF_TIMEOUT_S = 30.0
+# kv_transfer_params that name no KV cache: the decode instance computes the prompt.
+NO_KV_CACHE = "{}"
 
 
 def is_prefill(headers: Mapping[str, str]) -> bool:
@@ -57,9 +62,18 @@ def is_decode(headers: Mapping[str, str]) -> bool:
     return DECODE_HEADER in headers
 
 
-def checked_prefill(headers: Mapping[str, str], roles: Roles, own_port: int
-                    ) -> tuple[str, str]:
-    """The request's id and its decode instance's address, refused as MindIE refuses them."""
+@dataclass(frozen=True, slots=True)
+class Prefill:
+    """A prefill request's id, its decode instance's address, and whether that instance is to
+    compute the prompt itself (MindIE's is-recompute: a re-dispatch after a failure)."""
+
+    request_id: str
+    target: str
+    recompute: bool
+
+
+def checked_prefill(headers: Mapping[str, str], roles: Roles, own_port: int) -> Prefill:
+    """The request's PD headers, refused as MindIE refuses them."""
     if roles.role not in ("prefill", "flex"):
         raise RequestError(400, "DMI inference requests can be sent only to the prefill node "
                            f"(this one is {roles.role!r})")
@@ -84,7 +98,11 @@ def checked_prefill(headers: Mapping[str, str], roles: Roles, own_port: int
         raise RequestError(400, "Parameter d-target must be an IPv4 address") from None
     if port and not (port.isdigit() and 0 < int(port) < 65536):
         raise RequestError(400, f"Parameter d-target's port must be a port number; got {port!r}")
-    return request_id, f"{host}:{port or own_port}"
+    recompute = headers.get(RECOMPUTE_HEADER, "false")
+    if recompute not in ("true", "false"):
+        raise RequestError(400, f"Parameter is-recompute must be true or false but got "
+                           f"{recompute}")
+    return Prefill(request_id, f"{host}:{port or own_port}", recompute == "true")
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,9 +118,9 @@ class Leg:
     decode: Callable[[str], AsyncIterator[tuple[Record, bytes]]]
 
 
-def prefill_target(handler: Handler) -> tuple[str, str] | None:
-    """A prefill request's id and its decode instance's address (None: not one), checked
-    before the body is, as MindIE checks them."""
+def prefill_target(handler: Handler) -> Prefill | None:
+    """A prefill request's PD headers (None: not one), checked before the body is, as MindIE
+    checks them."""
     if not is_prefill(handler.request.headers):
         return None
     return checked_prefill(handler.request.headers, handler.services.roles, handler.own_port())
@@ -112,10 +130,10 @@ def is_leg(headers: Mapping[str, str]) -> bool:
     return is_prefill(headers) or is_decode(headers)
 
 
-async def answer(handler: Handler, leg: Leg, target: tuple[str, str] | None) -> None:
+async def answer(handler: Handler, leg: Leg, target: Prefill | None) -> None:
     """Answer a DMI leg (`is_leg`; `target`: its `prefill_target`)."""
     if target is not None:
-        handler.write_json(await _hand_over(leg, *target, handler, handler.services.peer_tls()))
+        handler.write_json(await _hand_over(leg, target, handler, handler.services.peer_tls()))
         return
     headers = handler.request.headers
     if handler.client_identity() != GATEWAY_IDENTITY:
@@ -128,24 +146,25 @@ async def answer(handler: Handler, leg: Leg, target: tuple[str, str] | None) -> 
     handler.write_json({"isValidDecodeParameters": True})
 
 
-async def _hand_over(leg: Leg, request_id: str, target: str, handler: Handler,
+async def _hand_over(leg: Leg, target: Prefill, handler: Handler,
                      client_tls: ssl.SSLContext | None) -> dict[str, object]:
-    """Prefill here, hand the request to the decode instance's gateway (the body as this
-    gateway read it, decoded, and KServe's binary-body header where given), and MindIE's
-    answer to the coordinator."""
-    params = await leg.prefill()
+    """Prefill here (unless the decode instance is to recompute it: it then gets no KV
+    cache), hand the request to the decode instance's gateway (the body as this gateway read
+    it, decoded, and KServe's binary-body header where given), and MindIE's answer to the
+    coordinator."""
+    params = NO_KV_CACHE if target.recompute else await leg.prefill()
     scheme = "http" if client_tls is None else "https"
-    headers = {"Content-Type": "application/json", REQUEST_ID_HEADER: request_id,
+    headers = {"Content-Type": "application/json", REQUEST_ID_HEADER: target.request_id,
                DECODE_HEADER: params}
     if kserve.HEADER_LENGTH in handler.request.headers:
         headers[kserve.HEADER_LENGTH] = handler.request.headers[kserve.HEADER_LENGTH]
     try:
         await AsyncHTTPClient().fetch(HTTPRequest(
-            f"{scheme}://{target}{handler.request.path}", method="POST", body=handler.body,
+            f"{scheme}://{target.target}{handler.request.path}", method="POST", body=handler.body,
             headers=headers, ssl_options=client_tls, request_timeout=HANDOFF_TIMEOUT_S))
     except (HTTPClientError, OSError, ssl.SSLError) as error:
         raise RequestError(500, f"[P Node] Send D request failed: {error}") from None
-    answer: dict[str, object] = {"reqId": request_id, "isStream": leg.stream}
+    answer: dict[str, object] = {"reqId": target.request_id, "isStream": leg.stream}
     if leg.stream:
         answer.update(isLastResp=False, output="")
     return answer

@@ -384,6 +384,29 @@ def test_a_prefill_handed_over_streams_its_answer_on_the_decoders_dresult(
     pair.assert_no_block_kept()
 
 
+def test_is_recompute_hands_the_request_over_for_the_decoder_to_compute(roles_assigned) -> None:
+    """MindIE's re-dispatch after a failure: nothing is prefilled on the prefill instance, and
+    the decode instance computes the whole prompt (none of it comes from elsewhere)."""
+    pair = roles_assigned
+    body = completion("Count the planets of the solar system, one by one.")
+    reader = DResultReader(pair.decode, pair.files)
+    try:
+        headers = {"req-type": "prefill", "req-id": "5e", "is-recompute": "true",
+                   "d-target": f"127.0.0.1;{urlsplit(pair.decode.url('business')).port}"}
+        assert post(pair.prefill, pair.files, "/v1/completions", body, headers) == (
+            200, {"reqId": "5e", "isStream": False})
+        answer = reader.whole_answer("5e")
+        assert answer["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+        assert answer["choices"][0]["text"] == pair.call(
+            pair.decode, "/v1/completions", body)["choices"][0]["text"]
+        status, reply = post(pair.prefill, pair.files, "/v1/completions", body,
+                             {**headers, "req-id": "5f", "is-recompute": "yes"})
+        assert status == 400 and "is-recompute" in reply["error"]["message"], reply
+    finally:
+        reader.close()
+    pair.assert_no_block_kept()
+
+
 def test_tritons_routes_hand_a_prefill_over_too(roles_assigned) -> None:
     """MindIE's coordinator sends its PD headers on Triton's routes as well: /generate's
     whole reply, /generate_stream's events and /infer's reply (in JSON) come on the decoder's
