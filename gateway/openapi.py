@@ -274,7 +274,8 @@ def vllm_sampling_parameters(fields: Iterable[str], limits: Limits) -> dict[str,
     return {**schemas, **{name: schema for name, schema in readings.items() if name in schemas}}
 
 
-_JSON_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string", list: "array"}
+_JSON_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string", list: "array",
+               dict: "object"}
 
 
 def neutral(values: Iterable[object]) -> JSON:
@@ -291,13 +292,9 @@ def neutral(values: Iterable[object]) -> JSON:
     return {"type": kind, "enum": accepted}
 
 
-# OpenAI's types of the fields accepted with any value, without effect (openai.IGNORED_FIELDS
-# and IGNORED_HINTS).
-OPENAI_IGNORED_TYPES: dict[str, JSON] = {
-    "user": STRING, "store": BOOLEAN, "metadata": {"type": "object"}, "service_tier": STRING,
-    "prompt_cache_key": STRING, "prompt_cache_retention": STRING, "safety_identifier": STRING,
-    "reasoning_effort": STRING, "verbosity": STRING, "prediction": {"type": "object"},
-    "guided_decoding_backend": STRING}
+def typed(fields: Mapping[str, type]) -> dict[str, JSON]:
+    """Fields by their JSON types (Python's: str, bool, dict…), in name order."""
+    return {name: {"type": _JSON_TYPES[kind]} for name, kind in sorted(fields.items())}
 
 
 def openai_common(limits: Limits) -> dict[str, JSON]:
@@ -321,8 +318,7 @@ def openai_common(limits: Limits) -> dict[str, JSON]:
         "structured_outputs": obj({
             key: only(True, BOOLEAN) if key == "json_object" else parameter(name, limits)
             for key, name in openai.STRUCTURED_OUTPUTS.items()}, closed=True),
-        **{name: OPENAI_IGNORED_TYPES[name]
-           for name in sorted(openai.IGNORED_FIELDS | openai.IGNORED_HINTS)},
+        **typed({**openai.IGNORED_FIELDS, **openai.IGNORED_HINTS}),
         **{name: neutral(values) for name, values in openai.NEUTRAL_VALUES.items()},
         # Prefill/decode disaggregation, as vLLM's proxy sends it and a prefill answers it.
         openai.KV_TRANSFER_FIELD: ref("KVTransferParams"),
@@ -425,8 +421,7 @@ def requests(limits: Limits) -> dict[str, JSON]:
         "KVTransferParams": message_schema(sb.KVTransferParams.DESCRIPTOR),
         "ResponsesRequest": obj({
             **optional({**vllm_sampling_parameters(openai.SAMPLING_FIELDS - {"n"}, limits),
-                        **{name: OPENAI_IGNORED_TYPES[name]
-                           for name in sorted(openai.IGNORED_FIELDS)},
+                        **typed(openai.IGNORED_FIELDS),
                         "model": STRING, "instructions": STRING,
                         "max_output_tokens": max_new_tokens, "stream": BOOLEAN,
                         "text": obj({"format": {"oneOf": [

@@ -26,6 +26,7 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 import grpc
 from google.protobuf import json_format
@@ -65,11 +66,14 @@ SAMPLING_FIELDS = frozenset({"temperature", "top_p", "n", "stop", "seed", "prese
 SERVED_MODEL_PLACEHOLDERS = frozenset({"tgi", "dummy"})
 # Accepted with any value and without effect here: OpenAI's bookkeeping fields; and on chat
 # and completions, hints that a model without reasoning answers the same without (predicted
-# outputs only make answering faster) and vLLM's choice of structured-output backend.
-IGNORED_FIELDS = frozenset({"user", "store", "metadata", "service_tier", "prompt_cache_key",
-                            "prompt_cache_retention", "safety_identifier"})
-IGNORED_HINTS = frozenset({"reasoning_effort", "verbosity", "prediction",
-                           "guided_decoding_backend"})
+# outputs only make answering faster) and vLLM's choice of structured-output backend. By
+# the JSON type OpenAI and vLLM give them, which the OpenAPI documents state.
+IGNORED_FIELDS: Mapping[str, type] = MappingProxyType({
+    "user": str, "store": bool, "metadata": dict, "service_tier": str, "prompt_cache_key": str,
+    "prompt_cache_retention": str, "safety_identifier": str})
+IGNORED_HINTS: Mapping[str, type] = MappingProxyType({
+    "reasoning_effort": str, "verbosity": str, "prediction": dict,
+    "guided_decoding_backend": str})
 # OpenAI's and vLLM's options accepted at the values that change nothing (null always does),
 # as SDKs and frameworks send them; other values are refused as not supported.
 NEUTRAL_VALUES: dict[str, tuple[object, ...]] = {
@@ -82,7 +86,8 @@ NEUTRAL_VALUES: dict[str, tuple[object, ...]] = {
     "stream_reasoning": (True,), "include_reasoning": (True,)}
 # Chat's own, at the value that changes nothing (vLLM's router sends it).
 CHAT_NEUTRAL_VALUES = {**NEUTRAL_VALUES, "echo": (False,)}
-ACCEPTED_FIELDS = SAMPLING_FIELDS | IGNORED_FIELDS | IGNORED_HINTS | set(NEUTRAL_VALUES) | {
+ACCEPTED_FIELDS = SAMPLING_FIELDS | frozenset(IGNORED_FIELDS) | frozenset(IGNORED_HINTS) \
+    | set(NEUTRAL_VALUES) | {
     "model", "max_tokens", "logprobs", "stream", "stream_options", "logit_bias",
     "response_format", "structured_outputs", KV_TRANSFER_FIELD}
 # vLLM's options of the chat template's rendering (see `chat_messages`).

@@ -52,7 +52,7 @@ from switchboard.gateway.protocols.parameters import json_type
 from switchboard.gateway.sse import sse_event
 from switchboard.proto import switchboard_pb2 as sb
 
-FIELDS = (SAMPLING_FIELDS - {"n"}) | IGNORED_FIELDS | {
+FIELDS = (SAMPLING_FIELDS - {"n"}) | frozenset(IGNORED_FIELDS) | {
     "model", "input", "instructions", "max_output_tokens", "stream", "stream_options", "text",
     "tools", "tool_choice", "parallel_tool_calls", "previous_response_id", "reasoning", "include",
     "top_logprobs", "truncation", "background"}
