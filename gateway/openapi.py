@@ -490,7 +490,9 @@ def counts(*names: str) -> dict[str, JSON]:
 TOKEN = obj({"id": integer(0), "text": STRING, "logprob": nullable(number()),
              "special": BOOLEAN}, ["id", "text", "logprob", "special"])
 TGI_DETAILS = obj({
-    "finish_reason": STRING, **counts("generated_tokens", "prompt_tokens"), "seed": integer(0),
+    "finish_reason": STRING, **counts("generated_tokens", "prompt_tokens"),
+    # TGI's Option<u64>: null where the answer was greedy.
+    "seed": nullable(integer(0)),
     "prefill": array(obj({"id": integer(0), "text": STRING, "logprob": nullable(number())})),
     "tokens": array(TOKEN), "top_tokens": array(array(TOKEN)),
     "best_of_sequences": array({"type": "object"}),
