@@ -248,11 +248,7 @@ def triton_leg(request: pb.ModelInferRequest, options: triton.GenerateOptions, s
         if not stream:
             yield Record.LAST_DATA, json.dumps(replies.reply(), ensure_ascii=False).encode()
 
-    def decode(params: str) -> AsyncIterator[tuple[Record, bytes]]:
-        _add_kv_parameter(request, params)
-        return records()
-
-    return Leg(stream, prefill, decode)
+    return Leg(stream, prefill, _kserve_decode(request, records))
 
 
 def kserve_leg(request: pb.ModelInferRequest, options: kserve.OutputOptions,
@@ -272,11 +268,7 @@ def kserve_leg(request: pb.ModelInferRequest, options: kserve.OutputOptions,
         response = await upstream.inference.ModelInfer(request, timeout=deadline_s)
         yield Record.LAST_DATA, kserve.infer_response_to_http(response, options).body
 
-    def decode(params: str) -> AsyncIterator[tuple[Record, bytes]]:
-        _add_kv_parameter(request, params)
-        return records()
-
-    return Leg(False, prefill, decode)
+    return Leg(False, prefill, _kserve_decode(request, records))
 
 
 def _kserve_prefill(request: pb.ModelInferRequest) -> pb.ModelInferRequest:
@@ -304,11 +296,12 @@ def _handed(params: str) -> str:
     return params
 
 
-def _add_kv_parameter(request: pb.ModelInferRequest, params: str) -> None:
-    try:
-        valid = isinstance(json.loads(params), dict)
-    except ValueError:
-        valid = False
-    if not valid:
-        raise RequestError(400, f"{DECODE_HEADER}: must be a JSON object")
-    request.parameters[KV_TRANSFER_FIELD].string_param = params
+def _kserve_decode(request: pb.ModelInferRequest,
+                   records: Callable[[], AsyncIterator[tuple[Record, bytes]]]
+                   ) -> Callable[[str], AsyncIterator[tuple[Record, bytes]]]:
+    """A KServe request's decode: the prefill's kv_transfer_params go as its string
+    parameter, which the server's codec checks as it checks a client's."""
+    def decode(params: str) -> AsyncIterator[tuple[Record, bytes]]:
+        request.parameters[KV_TRANSFER_FIELD].string_param = params
+        return records()
+    return decode

@@ -19,8 +19,9 @@ PROMPT = "prompt"
 def generate_request(model: str, prompt: str | list[int] | sb.ChatMessages,
                      parameters: Mapping[str, object], client_id: str = "",
                      names: Mapping[str, str] | None = None) -> sb.GenerateRequest:
-    """The request; an empty model names the served one. `parameters` are under MindIE's names; `names` (the protocol's names → MindIE's) puts a
-    refused field back under the name the client sent."""
+    """The request; an empty model names the served one. `parameters` are under MindIE's
+    names; `names` (the protocol's names → MindIE's) puts a refused field back under the name
+    the client sent."""
     request = sb.GenerateRequest(model_name=model, id=client_id)
     try:
         if isinstance(prompt, str):

@@ -187,17 +187,23 @@ def test_a_gateway_coordinating_the_pair_answers_as_one_instance(pki, servers, p
     pair.assert_no_block_kept()
 
 
+def decoding_a_long_stream(gateway, files) -> tuple[http.client.HTTPSConnection,
+                                                    http.client.HTTPResponse]:
+    """A streamed completion of 2,000 tokens through `gateway`, once its first event came."""
+    connection = connect(gateway.url("business"), files)
+    connection.request("POST", "/v1/completions", json.dumps(
+        {**completion(PROMPTS[5]), "max_tokens": 2000, "stream": True}),
+        {"Content-Type": "application/json"})
+    response = connection.getresponse()
+    assert response.status == 200
+    assert response.readline().startswith(b"data: ")  # decoding has begun
+    return connection, response
+
+
 def test_a_client_leaving_a_coordinated_stream_leaves_no_block_kept(pki, servers, pair) -> None:
     prefill_server, _, decode_server, _ = servers
     with coordinator(pki, prefill_server.address, decode_server.address) as gateway:
-        connection = connect(gateway.url("business"), pair.files)
-        connection.request("POST", "/v1/completions", json.dumps(
-            {**completion(PROMPTS[5]), "max_tokens": 2000, "stream": True}),
-            {"Content-Type": "application/json"})
-        response = connection.getresponse()
-        assert response.status == 200
-        assert response.readline().startswith(b"data: ")  # decoding has begun
-        OpenStream(connection, response).drop()
+        OpenStream(*decoding_a_long_stream(gateway, pair.files)).drop()
         pair.assert_no_block_kept()
 
 
@@ -210,13 +216,7 @@ def test_a_decode_server_killed_mid_stream_ends_the_stream_with_an_error_and_kee
     prefill_server, _, _, _ = servers
     with own_service(pki.folder, server_args=FLOAT32) as (doomed, _), \
             coordinator(pki, prefill_server.address, doomed.address) as gateway:
-        connection = connect(gateway.url("business"), pair.files)
-        connection.request("POST", "/v1/completions", json.dumps(
-            {**completion(PROMPTS[5]), "max_tokens": 2000, "stream": True}),
-            {"Content-Type": "application/json"})
-        response = connection.getresponse()
-        assert response.status == 200
-        assert response.readline().startswith(b"data: ")  # decoding has begun
+        connection, response = decoding_a_long_stream(gateway, pair.files)
         doomed.process.kill()
         events = [line[len(b"data: "):].strip() for line in response
                   if line.startswith(b"data: ")]
