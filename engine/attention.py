@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -53,48 +54,45 @@ class AttentionGroup:
                                       # no query reaches past the window)
 
     @classmethod
-    def build(cls, rows: Sequence[int], firsts: Sequence[int], starts: Sequence[int],
-              q_lens: Sequence[int], block_table: torch.Tensor, block_size: int,
+    def build(cls, rows: np.ndarray, firsts: np.ndarray, starts: np.ndarray,
+              q_lens: np.ndarray, block_table: np.ndarray, block_size: int,
               device: torch.device, sliding_window: int | None = None) -> AttentionGroup:
         """The group of a batch's sequences at `rows` (see `AttentionBatch.build`), given
         every sequence's first token's flat index, first position, number of tokens and
         blocks (block_table, padded with block 0)."""
-        firsts = [firsts[row] for row in rows]
-        starts = [starts[row] for row in rows]
-        q_lens = [q_lens[row] for row in rows]
-        context_lens = [start + q_len for start, q_len in zip(starts, q_lens)]
-        q_max, l_max = max(q_lens), max(context_lens)
-        key_positions = torch.arange(l_max).view(1, -1)
-        context_slots = slot_table(block_table[torch.tensor(rows)], key_positions, block_size)
-        query_index = [[first + offset if offset < q_len else 0 for offset in range(q_max)]
-                       for first, q_len in zip(firsts, q_lens)]
-        token_index = [first + offset for first, q_len in zip(firsts, q_lens)
-                       for offset in range(q_len)]
-        unpad_index = [row * q_max + offset for row, q_len in enumerate(q_lens)
-                       for offset in range(q_len)]
-        mask = window_mask = None
-        padded = q_max > 1 or min(context_lens) < l_max
-        windowed = sliding_window is not None and l_max > sliding_window
-        if padded or windowed:
-            query_positions = (torch.tensor(starts).view(-1, 1, 1)
-                               + torch.arange(q_max).view(1, -1, 1))
-            valid_query = torch.arange(q_max).view(1, -1, 1) < torch.tensor(q_lens).view(-1, 1, 1)
-            causal = (key_positions <= query_positions) & valid_query
+        firsts, starts, q_lens = firsts[rows], starts[rows], q_lens[rows]
+        context_lens = starts + q_lens
+        q_max, l_max = int(q_lens.max()), int(context_lens.max())
+        key_positions = np.arange(l_max).reshape(1, -1)
+        context_slots = slot_table(block_table[rows], key_positions, block_size)
+        offsets = np.arange(q_max).reshape(1, -1)
+        query_positions = (starts.reshape(-1, 1) + offsets)[..., None]  # [B, Qmax, 1]
+        if q_max == 1:  # decoding sequences: no padded queries
+            token_index, query_index = firsts, firsts.reshape(-1, 1)
+            unpad_index = np.arange(len(rows))
+            causal, padding = key_positions <= query_positions, None
+        else:
+            valid_query = offsets < q_lens.reshape(-1, 1)
+            padded_index = firsts.reshape(-1, 1) + offsets
+            token_index = padded_index[valid_query]
+            unpad_index = (np.arange(len(rows)).reshape(-1, 1) * q_max + offsets)[valid_query]
+            query_index = np.where(valid_query, padded_index, 0)
+            causal = (key_positions <= query_positions) & valid_query[..., None]
             # Padded query rows attend to slot 0 only, so no row of the softmax is empty.
-            padding = (key_positions == 0) & ~valid_query
-        if padded:
-            context_slots.masked_fill_(key_positions >= torch.tensor(context_lens).view(-1, 1),
-                                       0)
-            mask = window_mask = (causal | padding).unsqueeze(1).to(device)
-        if windowed:
+            padding = (key_positions == 0) & ~valid_query[..., None]
+        mask = window_mask = None
+        if q_max > 1 or context_lens.min() < l_max:
+            context_slots[key_positions >= context_lens.reshape(-1, 1)] = 0
+            mask = window_mask = _to(_allowed(causal, padding)[:, None], device)
+        if sliding_window is not None and l_max > sliding_window:
             in_window = within_window(key_positions, query_positions, sliding_window)
-            window_mask = (causal & in_window | padding).unsqueeze(1).to(device)
+            window_mask = _to(_allowed(causal & in_window, padding)[:, None], device)
         return cls(
-            token_index=torch.tensor(token_index, device=device),
-            query_index=torch.tensor(query_index, device=device),
-            context_slots=context_slots.to(device),
+            token_index=_to(token_index, device),
+            query_index=_to(query_index, device),
+            context_slots=_to(context_slots, device),
             mask=mask,
-            unpad_index=torch.tensor(unpad_index, device=device),
+            unpad_index=_to(unpad_index, device),
             window_mask=window_mask,
         )
 
@@ -117,39 +115,60 @@ class AttentionBatch:
     @classmethod
     def build(cls, chunks: Sequence[SequenceChunk], block_size: int, device: torch.device,
               sliding_window: int | None = None) -> AttentionBatch:
-        """The step's index tensors, with a few tensor operations for the whole batch and each
-        group rather than some for each sequence, whose cost would grow with the batch
+        """The step's index tensors, computed as numpy arrays with a few operations for the
+        whole batch and each group rather than some for each sequence, whose cost would grow
+        with the batch; numpy's operations on arrays this small cost a fraction of torch's
         (docs/engine-measurements.md#attention)."""
-        q_lens = [len(chunk.token_ids) for chunk in chunks]
-        starts = [chunk.start for chunk in chunks]
-        firsts = list(itertools.accumulate(q_lens, initial=0))
-        positions = torch.tensor([position for start, q_len in zip(starts, q_lens)
-                                  for position in range(start, start + q_len)])
-        sequence_of_token = torch.tensor([row for row, q_len in enumerate(q_lens)
-                                          for _ in range(q_len)])
+        num_chunks = len(chunks)
+        q_lens = np.fromiter((len(chunk.token_ids) for chunk in chunks), np.int64, num_chunks)
+        starts = np.fromiter((chunk.start for chunk in chunks), np.int64, num_chunks)
+        num_logits = np.fromiter((chunk.num_logits for chunk in chunks), np.int64, num_chunks)
+        ends = np.cumsum(q_lens)
+        firsts, num_tokens = ends - q_lens, int(ends[-1])
+        if num_tokens == num_chunks:  # decoding sequences only: one token each
+            sequence_of_token, positions = np.arange(num_chunks), starts
+        else:
+            sequence_of_token = np.repeat(np.arange(num_chunks), q_lens)
+            positions = starts[sequence_of_token] + np.arange(num_tokens) \
+                - firsts[sequence_of_token]
         block_table = padded_block_table([chunk.block_ids for chunk in chunks],
                                          max(len(chunk.block_ids) for chunk in chunks))
-        write_slots = slot_table(block_table[sequence_of_token], positions.view(-1, 1),
+        write_slots = slot_table(block_table[sequence_of_token], positions.reshape(-1, 1),
                                  block_size)
-        sample_index = [index for chunk, end in zip(chunks, firsts[1:])
-                        for index in range(end - chunk.num_logits, end)]
-        decodes = [row for row, q_len in enumerate(q_lens) if q_len == 1]
-        prefills = [row for row, q_len in enumerate(q_lens) if q_len > 1]
-        contexts = [starts[row] + 1 for row in decodes]
-        decode_groups = (split_by_context(decodes, contexts) if device.type == "cpu"
-                         else [decodes])
+        decodes, prefills = np.flatnonzero(q_lens == 1), np.flatnonzero(q_lens > 1)
+        decode_groups = (split_by_context(decodes.tolist(), starts[decodes] + 1)
+                         if device.type == "cpu" else [decodes])
         groups = tuple(
-            AttentionGroup.build(rows, firsts, starts, q_lens, block_table, block_size, device,
-                                 sliding_window)
-            for rows in (*decode_groups, prefills) if rows)
+            AttentionGroup.build(np.asarray(rows), firsts, starts, q_lens, block_table,
+                                 block_size, device, sliding_window)
+            for rows in (*decode_groups, prefills) if len(rows))
+        token_ids = np.fromiter(itertools.chain.from_iterable(
+            chunk.token_ids for chunk in chunks), np.int64, num_tokens)
         return cls(
-            token_ids=torch.tensor([token for chunk in chunks for token in chunk.token_ids],
-                                   device=device),
-            positions=positions.to(device),
-            write_slots=write_slots.view(-1).to(device),
+            token_ids=_to(token_ids, device),
+            positions=_to(positions, device),
+            write_slots=_to(write_slots.reshape(-1), device),
             groups=groups,
-            sample_index=torch.tensor(sample_index, device=device, dtype=torch.long),
+            sample_index=_to(_sampled_tokens(ends, num_logits), device),
         )
+
+
+def _sampled_tokens(ends: np.ndarray, num_logits: np.ndarray) -> np.ndarray:
+    """The flat index of each token whose logits are returned: each chunk's last
+    num_logits tokens, which end at its `ends`."""
+    if (num_logits == 1).all():
+        return ends - 1
+    firsts = np.repeat(ends - num_logits, num_logits)
+    counted = np.cumsum(num_logits)
+    return firsts + np.arange(int(counted[-1])) - np.repeat(counted - num_logits, num_logits)
+
+
+def _to(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(array)).to(device)
+
+
+def _allowed(causal: torch.Tensor, padding: torch.Tensor | None) -> torch.Tensor:
+    return causal if padding is None else causal | padding
 
 
 def split_by_context(rows: Sequence[int], contexts: Sequence[int]) -> list[list[int]]:
@@ -158,41 +177,48 @@ def split_by_context(rows: Sequence[int], contexts: Sequence[int]) -> list[list[
     longest, so one group of contexts from 32 to 224 tokens does nearly twice the work its
     sequences need; each group costs a few calls of its own a layer, as much as about
     GROUP_COST_SLOTS more slots. Sorted by context, a group is split where the padding that
-    saves outweighs that, and so are its parts. Each group keeps its rows in their order."""
-    order = sorted(range(len(rows)), key=lambda i: -contexts[i])
-    longest = [contexts[i] for i in order]
+    saves outweighs that (at the latest of equal savings), and so are its parts. Each group
+    keeps its rows in their order."""
+    rows = np.asarray(rows)
+    order = np.argsort(-np.asarray(contexts), kind="stable")
+    longest = np.asarray(contexts)[order]
     groups: list[list[int]] = []
     pending = [(0, len(order))]
     while pending:
         start, end = pending.pop()
-        savings = [((end - cut) * (longest[start] - longest[cut]), cut)
-                   for cut in range(start + 1, end)]
-        saving, cut = max(savings, default=(0, end))
-        if saving > GROUP_COST_SLOTS:
+        cuts = np.arange(end - 1, start, -1)  # latest first: argmax takes the first maximum
+        savings = (end - cuts) * (longest[start] - longest[cuts]) if len(cuts) else cuts
+        if len(cuts) and savings.max() > GROUP_COST_SLOTS:
+            cut = int(cuts[savings.argmax()])
             pending.extend(((cut, end), (start, cut)))
         else:
-            groups.append([rows[i] for i in sorted(order[start:end])])
+            groups.append(rows[np.sort(order[start:end])].tolist())
     return groups
 
 
-def within_window(key_positions: torch.Tensor, query_positions: torch.Tensor,
-                  sliding_window: int) -> torch.Tensor:
+def within_window(key_positions: np.ndarray, query_positions: np.ndarray,
+                  sliding_window: int) -> np.ndarray:
     """Where a query may see a key under a sliding window (transformers' rule)."""
     return key_positions > query_positions - sliding_window
 
 
-def padded_block_table(tables: Sequence[Sequence[int]], width: int) -> torch.Tensor:
-    """Sequences' block tables as the rows of one tensor [sequences, width], each cut to
+def padded_block_table(tables: Sequence[Sequence[int]], width: int) -> np.ndarray:
+    """Sequences' block tables as the rows of one array [sequences, width], each cut to
     `width` blocks or padded with block 0."""
-    return torch.tensor([[*table[:width], *[0] * (width - len(table))] for table in tables],
-                        dtype=torch.long)
+    lengths = np.fromiter(map(len, tables), np.int64, len(tables))
+    if lengths.max(initial=0) > width:
+        tables = [table[:width] for table in tables]
+        lengths = np.minimum(lengths, width)
+    padded = np.zeros((len(tables), width), dtype=np.int64)
+    padded[np.arange(width) < lengths.reshape(-1, 1)] = np.fromiter(
+        itertools.chain.from_iterable(tables), np.int64, int(lengths.sum()))
+    return padded
 
 
-def slot_table(block_table: torch.Tensor, positions: torch.Tensor,
-               block_size: int) -> torch.Tensor:
+def slot_table(block_table: np.ndarray, positions: np.ndarray, block_size: int) -> np.ndarray:
     """Cache slots at `positions` [B, L] (or [1, L], the same for every row) of the sequences
     whose blocks are the rows of `block_table` [B, blocks]."""
-    blocks = block_table.gather(1, (positions // block_size).expand(len(block_table), -1))
+    blocks = block_table[np.arange(len(block_table)).reshape(-1, 1), positions // block_size]
     return blocks * block_size + positions % block_size
 
 

@@ -25,10 +25,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
-from switchboard.engine.attention import (AttentionBatch, AttentionGroup, padded_block_table, slot_table,
-                              within_window)
+from switchboard.engine.attention import (AttentionBatch, AttentionGroup, padded_block_table,
+                                         slot_table, within_window)
 
 if TYPE_CHECKING:
     from switchboard.engine.paged_runner import SequenceChunk
@@ -162,23 +163,24 @@ class DecodeGraphs:
         group = batch.groups[0]
         batch_size, context = group.context_slots.shape
         rows, padding = len(chunks), batch_size - len(chunks)
-        lengths = torch.tensor([chunk.start + 1 for chunk in chunks] + [1] * padding)
-        key_positions = torch.arange(context).view(1, -1)
-        mask = key_positions < lengths.view(-1, 1)
-        slots = torch.full((batch_size, context), self._scratch_slot, dtype=torch.long)
+        lengths = np.array([chunk.start + 1 for chunk in chunks] + [1] * padding)
+        key_positions = np.arange(context).reshape(1, -1)
+        mask = key_positions < lengths.reshape(-1, 1)
+        slots = np.full((batch_size, context), self._scratch_slot, dtype=np.int64)
         if chunks:
             blocks = padded_block_table([chunk.block_ids for chunk in chunks],
                                         -(-context // self._block_size))
-            slots[:rows] = torch.where(mask[:rows], slot_table(blocks, key_positions,
-                                                               self._block_size),
-                                       self._scratch_slot)
+            slots[:rows] = np.where(mask[:rows], slot_table(blocks, key_positions,
+                                                            self._block_size),
+                                    self._scratch_slot)
         batch.token_ids.copy_(torch.tensor([chunk.token_ids[0] for chunk in chunks]
                                            + [0] * padding))
-        batch.positions.copy_(lengths - 1)
-        batch.write_slots.copy_(slots.gather(1, (lengths - 1).view(-1, 1)).view(-1))
-        group.context_slots.copy_(slots)
-        group.mask.copy_(mask.view(batch_size, 1, 1, -1))
+        batch.positions.copy_(torch.from_numpy(lengths - 1))
+        batch.write_slots.copy_(torch.from_numpy(slots[np.arange(batch_size), lengths - 1]))
+        group.context_slots.copy_(torch.from_numpy(slots))
+        group.mask.copy_(torch.from_numpy(mask.reshape(batch_size, 1, 1, -1)))
         if self._sliding_window is not None:
-            in_window = within_window(key_positions, lengths.view(-1, 1) - 1,
+            in_window = within_window(key_positions, lengths.reshape(-1, 1) - 1,
                                       self._sliding_window)
-            group.window_mask.copy_((mask & in_window).view(batch_size, 1, 1, -1))
+            group.window_mask.copy_(torch.from_numpy((mask & in_window)
+                                                     .reshape(batch_size, 1, 1, -1)))
