@@ -86,12 +86,16 @@ class BlockManager:
             table.block_ids.append(block_id)
         return True
 
+    def fills(self, table: BlockTable, num_computed_tokens: int) -> bool:
+        """Computing up to num_computed_tokens has filled blocks still to `commit`."""
+        return self._prefix_caching and self._num_full(table, num_computed_tokens) > len(
+            table.hashes)
+
     def commit(self, table: BlockTable, token_ids: Sequence[int], num_computed_tokens: int) -> None:
         """Register the blocks that computing up to num_computed_tokens has filled."""
         if not self._prefix_caching:
             return
-        num_full = min(num_computed_tokens // self.block_size, len(table.block_ids))
-        for index in range(len(table.hashes), num_full):
+        for index in range(len(table.hashes), self._num_full(table, num_computed_tokens)):
             previous = table.hashes[-1] if table.hashes else None
             start = index * self.block_size
             digest = chain_hash(previous, token_ids[start:start + self.block_size])
@@ -99,6 +103,9 @@ class BlockManager:
             block = self._blocks[table.block_ids[index]]
             block.content_hash = digest
             self._cached.setdefault(digest, block.block_id)
+
+    def _num_full(self, table: BlockTable, num_computed_tokens: int) -> int:
+        return min(num_computed_tokens // self.block_size, len(table.block_ids))
 
     def free(self, table: BlockTable) -> None:
         """Release a table's blocks. Tail blocks go first into the LRU list, so a prompt's

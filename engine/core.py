@@ -262,8 +262,10 @@ class EngineCore:
         """Count num_tokens more of the request's tokens as held by the KV cache, and offer
         the blocks they filled to the prefix cache."""
         request.num_computed_tokens += num_tokens
-        self.scheduler.block_manager.commit(request.block_table, request.all_token_ids,
-                                            request.num_computed_tokens)
+        block_manager = self.scheduler.block_manager
+        if block_manager.fills(request.block_table, request.num_computed_tokens):
+            block_manager.commit(request.block_table, request.all_token_ids,
+                                 request.num_computed_tokens)
 
     def _execute(self, chunks: list[ScheduledChunk]
                  ) -> tuple[list[ScheduledChunk], torch.Tensor, list[RequestOutput]]:
@@ -430,10 +432,11 @@ class EngineCore:
         """Add decoded text; cut it at the first stop string, if one is now complete (after it,
         with include_stop_str_in_output)."""
         sampling = request.spec.sampling
-        search_from = max(0, len(request.text) - max(map(len, sampling.stop), default=0) + 1)
-        request.text += text
         if not text or not sampling.stop or not check_stops:
+            request.text += text
             return None
+        search_from = max(0, len(request.text) - max(map(len, sampling.stop)) + 1)
+        request.text += text
         hits = [(found, stop) for found, stop in
                 ((request.text.find(stop, search_from), stop) for stop in sampling.stop)
                 if found >= 0]

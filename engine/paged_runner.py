@@ -77,7 +77,7 @@ class UnsupportedModel(ValueError):
     """The model's architecture has no paged implementation here."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SequenceChunk:
     """Tokens to compute for one sequence: their ids, first position, and block table.
     samples: the logits at its last token are wanted, and at each of the num_draft_tokens

@@ -125,6 +125,11 @@ class Request:
     prompt_logprobs: list[TokenLogprob] = field(default_factory=list)  # so far, of tokens 1, 2, ...
     draft_window: DraftWindow = field(default_factory=DraftWindow)
     guide: Guide | None = None  # structured output: the tokens that may follow (see guided.py)
+    # Waiting order: probes, then priority (1 first), then arrival; sorted by every step.
+    sort_key: tuple[int, int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.sort_key = (0 if self.spec.probe else self.spec.priority, self.arrival_index)
 
     @property
     def request_id(self) -> str:
@@ -133,11 +138,6 @@ class Request:
     @property
     def deadline(self) -> float:
         return self.arrival_time + self.spec.timeout_s
-
-    @property
-    def sort_key(self) -> tuple[int, int]:
-        """Waiting order: probes, then priority (1 first), then arrival."""
-        return (0 if self.spec.probe else self.spec.priority, self.arrival_index)
 
     @property
     def all_token_ids(self) -> list[int]:

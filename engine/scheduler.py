@@ -18,6 +18,7 @@ are freed and it waits to be recomputed.
 from __future__ import annotations
 
 import heapq
+import operator
 import time
 from dataclasses import dataclass
 
@@ -26,7 +27,7 @@ from switchboard.engine.request import Request, RequestStatus
 from switchboard.engine.speculation import propose_ngram
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ScheduledChunk:
     """Compute tokens [start, start + num_tokens) of a request's prompt-and-output tokens,
     the last len(draft_token_ids) of them guessed ones that follow its newest token."""
@@ -48,6 +49,9 @@ class ScheduledChunk:
         request = self.request
         return (request.needs_prompt_logprobs
                 and self.start + self.num_tokens > len(request.prompt_logprobs))
+
+
+_SORT_KEY = operator.attrgetter("sort_key")
 
 
 def _is_decoding(request: Request) -> bool:
@@ -98,21 +102,23 @@ class Scheduler:
     def schedule(self) -> list[ScheduledChunk]:
         chunks: dict[Request, ScheduledChunk] = {}
         preempted = False
-        by_priority = sorted(self.running, key=lambda r: r.sort_key)
-        decoding = [r for r in by_priority if _is_decoding(r)]
-        prefilling = [r for r in by_priority if not _is_decoding(r)]
+        decoding: list[Request] = []
+        prefilling: list[Request] = []
+        for request in sorted(self.running, key=_SORT_KEY):
+            (decoding if _is_decoding(request) else prefilling).append(request)
         in_line = prefilling or [request for _, request in self._waiting[:1]]
         budget = self._prefill_budget(decoding=bool(decoding),
                                       first_in_line=in_line[0] if in_line else None)
-        for request in decoding + prefilling:
+        for position, request in enumerate(decoding + prefilling):
             if request.status is not RequestStatus.RUNNING:
                 continue
-            num_tokens = self._chunk_size(request, budget)
-            if num_tokens == 0:
+            is_prefill = position >= len(decoding)
+            num_tokens = min(request.num_uncomputed_tokens, budget) if is_prefill else 1
+            if num_tokens <= 0:
                 continue
             while not self.block_manager.allocate(request.block_table,
                                                   request.num_computed_tokens + num_tokens):
-                victim = max(self.running, key=lambda r: r.sort_key)
+                victim = max(self.running, key=_SORT_KEY)
                 self._preempt(victim)
                 preempted = True
                 if victim in chunks:
@@ -121,7 +127,7 @@ class Scheduler:
                     break
             if request.status is RequestStatus.RUNNING:
                 chunks[request] = ScheduledChunk(request, request.num_computed_tokens, num_tokens)
-                budget -= self._prefill_tokens(chunks[request])
+                budget -= num_tokens if is_prefill else 0
         if not preempted:
             self._admit(chunks, budget)
             self._speculate(chunks)
@@ -170,8 +176,10 @@ class Scheduler:
         """Add guessed tokens to the decoding requests' chunks, as many as each one's draft
         window allows and it may still generate after its next token, where the pool has room
         for them (they never preempt)."""
+        if not self._num_speculative_tokens:
+            return
         decoding = [chunk for chunk in chunks.values() if _is_decoding(chunk.request)]
-        if not self._num_speculative_tokens or len(decoding) > self._speculative_max_batch:
+        if len(decoding) > self._speculative_max_batch:
             return
         for chunk in decoding:
             request = chunk.request
