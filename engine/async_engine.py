@@ -11,6 +11,7 @@ import asyncio
 import collections
 import concurrent.futures
 import dataclasses
+import functools
 import itertools
 import logging
 import threading
@@ -67,16 +68,21 @@ class ModelInfo:
 class _OutputStream:
     """One request's events, put by the event loop as each step's batch arrives and taken by
     its consumer: asyncio.Queue's bookkeeping (size limits, join counts, putters) came to
-    most of the loop's time per event at hundreds of streams, and events need none of it."""
+    most of the loop's time per event at hundreds of streams, and events need none of it.
+    streamed: the consumer is woken by each event; else by the last one only, and takes them
+    all then (a consumer that answers only at the end spends no wake-up on each token)."""
 
-    __slots__ = ("_events", "_waiter")
+    __slots__ = ("_events", "_waiter", "_streamed")
 
-    def __init__(self) -> None:
+    def __init__(self, streamed: bool) -> None:
         self._events: collections.deque[RequestOutput] = collections.deque()
         self._waiter: asyncio.Future[None] | None = None
+        self._streamed = streamed
 
     def put(self, output: RequestOutput) -> None:
         self._events.append(output)
+        if not (self._streamed or output.is_last):
+            return
         waiter, self._waiter = self._waiter, None
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
@@ -240,11 +246,12 @@ class AsyncEngine:
         """Each token decoded alone, special tokens included (TGI's and OpenAI's token text)."""
         return token_texts(self._tokenizer, token_ids)
 
-    def generate(self, request: GenerationRequest, prefilled: PrefilledKV | None = None
-                 ) -> AsyncIterator[RequestOutput]:
+    def generate(self, request: GenerationRequest, prefilled: PrefilledKV | None = None, *,
+                 streamed: bool = True) -> AsyncIterator[RequestOutput]:
         """Events for one request, the last one (of each of its n sequences, told apart by
         `index`) with finish_reason set. prefilled: its prompt's KV cache as another engine
-        computed it (see `kv_transfer.py`).
+        computed it (see `kv_transfer.py`); streamed: False for a caller that answers once
+        the request has ended, which then gets each sequence's events together, at its end.
 
         Raises the request's EngineError (timeout, failure) in place of a last event. Leaving
         the iteration early (cancellation, closing) aborts the request.
@@ -256,11 +263,12 @@ class AsyncEngine:
             prefilled.layout.check_matches(self.info.kv_layout)
             prefilled.check_prompt(request.prompt_token_ids)
         if request.sampling.best_of > 1:
-            return generate_many(self._generate_one, request, self._slots_per_request)
-        return self._generate_one(request, prefilled=prefilled)
+            return generate_many(functools.partial(self._generate_one, streamed=streamed),
+                                 request, self._slots_per_request)
+        return self._generate_one(request, prefilled=prefilled, streamed=streamed)
 
     async def _generate_one(self, request: GenerationRequest, admitted: bool = False,
-                            prefilled: PrefilledKV | None = None
+                            prefilled: PrefilledKV | None = None, streamed: bool = True
                             ) -> AsyncIterator[RequestOutput]:
         """admitted: a later sequence of an admitted request (see `fanout.py`), which the
         in-flight limit does not refuse."""
@@ -275,7 +283,7 @@ class AsyncEngine:
                 and len(self._streams) - self._num_probe_streams >= self._max_unfinished:
             raise Overloaded(f"too many requests in flight ({self._max_unfinished}); retry later")
         internal_id = f"{request.request_id}#{next(self._counter)}"
-        stream = _OutputStream()
+        stream = _OutputStream(streamed)
         self._streams[internal_id] = stream
         self._num_probe_streams += request.probe
         self._internal_ids[request.request_id] = internal_id

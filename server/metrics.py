@@ -245,7 +245,9 @@ class RequestRecorder:
         elif event.new_token_ids and event.timings is not None:
             self.metrics.inter_token_latency.observe(event.timings.token_latency)
         if event.new_token_ids and self.first_token_at is None:
-            self.first_token_at = time.monotonic()
+            # The step's own time: events of an answer given at the end arrive together.
+            self.first_token_at = (time.monotonic() if event.timings is None
+                                   else event.timings.step_time)
             self.metrics.time_to_first_token.observe(self.first_token_at - self.start)
         if event.finish_reason is not None:
             self.num_prompt_tokens = event.num_prompt_tokens

@@ -54,17 +54,20 @@ class ServedModel:
             raise NotFound(f"model {name!r} has no version {version!r}; available: {MODEL_VERSION}")
 
     async def generate(self, spec: GenerationRequest, client_id: str,
-                       prefilled: PrefilledKV | None = None) -> AsyncIterator[RequestOutput]:
+                       prefilled: PrefilledKV | None = None, *, streamed: bool = True
+                       ) -> AsyncIterator[RequestOutput]:
         """The engine's events for a request: refused once a graceful stop has begun, counted
         in flight until it ends, findable by its client's id meanwhile, and measured.
-        prefilled: its prompt's KV cache, from the instance that prefilled it."""
+        prefilled: its prompt's KV cache, from the instance that prefilled it; streamed:
+        False where the answer waits for the request's end (see `AsyncEngine.generate`)."""
         engine = self.ready_engine()
         if self.stopping:
             raise EngineDead("the server is stopping: it takes no new requests")
         recorder = self.metrics.start_request()
         with self._running(client_id, spec.request_id):
             try:
-                async with contextlib.aclosing(engine.generate(spec, prefilled)) as events:
+                events = engine.generate(spec, prefilled, streamed=streamed)
+                async with contextlib.aclosing(events):
                     del prefilled  # the engine's cache holds it from now on
                     async for event in events:
                         recorder.event(event)

@@ -135,7 +135,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     @engine_errors
     async def ModelInfer(self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
                          ) -> pb.ModelInferResponse:
-        call, events = await self._start(request)
+        call, events = await self._start(request, streamed=False)
         async with contextlib.aclosing(events):
             result = codec.aggregate([event async for event in events])
         return self._handed_over(codec.infer_response(call, self.served.model_name, result),
@@ -163,7 +163,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
         async def serve(request: pb.ModelInferRequest) -> None:
             try:
-                call, events = await self._start(request)
+                call, events = await self._start(request, streamed=True)
                 model_name = self.served.model_name
                 special_token_ids = self.served.ready_engine().info.special_token_ids
                 async with contextlib.aclosing(events):
@@ -210,8 +210,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             for task in (reader, *running):
                 task.cancel()
 
-    async def _start(self, request: pb.ModelInferRequest
+    async def _start(self, request: pb.ModelInferRequest, *, streamed: bool
                      ) -> tuple[codec.InferCall, AsyncIterator[RequestOutput]]:
+        """streamed: the call answers as the request goes (ModelStreamInfer, where the
+        request itself asks to stream), else once it has ended."""
         engine = self.served.ready_engine()
         self.served.check_model(request.model_name, request.model_version)
         call = codec.decode_infer_request(request)
@@ -221,7 +223,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         spec, prefilled = await self.handoff.prepared(spec, call.kv_transfer, engine)
         logger.info("request %s (client id %r): %d prompt tokens, %s", request_id, call.client_id,
                     len(spec.prompt_token_ids), call.kind.name.lower())
-        return call, self.served.generate(spec, call.client_id, prefilled)
+        return call, self.served.generate(spec, call.client_id, prefilled,
+                                          streamed=streamed and call.streams)
 
     def _handed_over(self, response: pb.ModelInferResponse, kv_transfer_id: str
                      ) -> pb.ModelInferResponse:

@@ -78,6 +78,22 @@ def test_generate_yields_the_events_and_stops_after_the_finished_one() -> None:
     run_with_engine(scenario, make_core())
 
 
+def test_a_caller_that_answers_at_the_end_gets_the_events_together_once_the_request_ended(
+        ) -> None:
+    runner = FakeRunner()
+
+    async def scenario(engine: AsyncEngine) -> None:
+        events = engine.generate(make_request("r", "p", max_new_tokens=3), streamed=False)
+        first = await anext(events)
+        steps_run_by_then = len(runner.calls)
+        outputs = [first, *await collect(events)]
+        assert [output.text for output in outputs] == ["a", "b", "c"]
+        assert [output.finish_reason for output in outputs] == [None, None, FinishReason.LENGTH]
+        assert steps_run_by_then == 3  # the prefill, which gives "a", then two decode steps
+
+    run_with_engine(scenario, make_core(runner))
+
+
 def test_leaving_the_iteration_early_aborts_the_request() -> None:
     core = make_core()
 

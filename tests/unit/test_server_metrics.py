@@ -48,7 +48,7 @@ def output(new_token_ids: tuple[int, ...], num_generated: int, *, index: int = 0
     return RequestOutput(
         request_id="r1", new_token_ids=new_token_ids, text="x", num_prompt_tokens=5,
         num_generated_tokens=num_generated, seed=7, finish_reason=finish, num_cached_tokens=cached,
-        timings=RequestTimings(queue_wait=0.002, first_token=0.02, step_time=0.0,
+        timings=RequestTimings(queue_wait=0.002, first_token=0.02, step_time=time.monotonic(),
                                token_latency=0.01, batch_size=1),
         index=index)
 
@@ -95,14 +95,20 @@ MINDIE_FAMILIES = {
     "time_to_first_token_seconds": "time_to_first_token_seconds",
 }
 
-THREE_TOKENS = (output((11,), 1), output((12,), 2),
-                output((13,), 3, finish=FinishReason.LENGTH, cached=4))
+def three_tokens() -> tuple[RequestOutput, ...]:
+    """A request's events, from steps that end now (the recorder measures time to the first
+    token from its step's end)."""
+    return (output((11,), 1), output((12,), 2),
+            output((13,), 3, finish=FinishReason.LENGTH, cached=4))
+
+
+THREE_TOKENS = three_tokens()
 
 
 def answer_three_tokens(metrics: ServerMetrics) -> RequestRecorder:
-    """A request recorded as answered with THREE_TOKENS."""
+    """A request recorded as answered with three_tokens()."""
     recorder = metrics.start_request()
-    for event in THREE_TOKENS:
+    for event in three_tokens():
         recorder.event(event)
     recorder.finished()
     return recorder
@@ -281,8 +287,8 @@ class FakeEngine:
     def stats(self) -> EngineStats:
         return STATS
 
-    async def generate(self, spec: GenerationRequest, prefilled: object = None
-                       ) -> AsyncIterator[RequestOutput]:
+    async def generate(self, spec: GenerationRequest, prefilled: object = None, *,
+                       streamed: bool = True) -> AsyncIterator[RequestOutput]:
         try:
             yield self.events[0]
             await self.proceed.wait()
@@ -321,8 +327,8 @@ def test_generate_yields_the_engines_events_and_measures_them() -> None:
 
 def test_an_engine_error_counts_as_failure_and_reaches_the_caller() -> None:
     class FailingEngine(FakeEngine):
-        async def generate(self, spec: GenerationRequest, prefilled: object = None
-                           ) -> AsyncIterator[RequestOutput]:
+        async def generate(self, spec: GenerationRequest, prefilled: object = None, *,
+                           streamed: bool = True) -> AsyncIterator[RequestOutput]:
             yield self.events[0]
             raise RequestTimedOut("timed out")
 
