@@ -6,20 +6,23 @@ a padded [sequences, context] layout and attended with `scaled_dot_product_atten
 a causal-and-padding mask. Decoding sequences (one query each) and prefilling ones (a chunk
 of queries each) form separate groups, one SDPA call each: padding 64 one-token decodes to a
 64-token prefill chunk would multiply the work by 64. On a CPU decoding sequences are split
-further by context length (`split_by_context`), which shortens attention where contexts vary.
-This pure-torch path runs on any device; on CUDA, SDPA picks its fused kernels, except cuDNN's
+further by context length (`split_by_context`), which shortens attention where contexts vary,
+and may attend through the native kernel instead (`DecodeAttention.NATIVE`), which reads the
+context from the cache by its slots without the padded copy. The pure-torch path runs on any device; on CUDA, SDPA picks its fused kernels, except cuDNN's
 in eager steps: it builds a plan for each new shape, and eager shapes rarely repeat, so it
 slowed prefills of new lengths (docs/engine-measurements.md#attention). The fixed shapes of
 the CUDA graphs that replay decode steps keep it: their plans are built once, at capture.
 
 Layers with sliding-window attention (Mistral's, Qwen2's upper layers) attend to the last
 `sliding_window` positions only, as transformers' `kv > q - sliding_window`: their groups carry
-a second mask. The whole context is still gathered; the window only masks it.
+a second mask (the native kernel reads the window alone). Gathered, the whole context is
+copied; the window only masks it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import enum
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,6 +32,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from switchboard.engine import native
 
 if TYPE_CHECKING:
     from switchboard.engine.paged_runner import SequenceChunk
@@ -52,6 +57,7 @@ class AttentionGroup:
     unpad_index: torch.Tensor    # [Tg] position of each group token in the padded [B*Qmax]
     window_mask: torch.Tensor | None  # `mask` within the sliding window (`mask` itself where
                                       # no query reaches past the window)
+    context_lens: torch.Tensor   # [B] each sequence's context, this step's tokens included
 
     @classmethod
     def build(cls, rows: np.ndarray, firsts: np.ndarray, starts: np.ndarray,
@@ -94,6 +100,7 @@ class AttentionGroup:
             mask=mask,
             unpad_index=_to(unpad_index, device),
             window_mask=window_mask,
+            context_lens=_to(context_lens, device),
         )
 
     @property
@@ -111,6 +118,7 @@ class AttentionBatch:
     groups: tuple[AttentionGroup, ...]
     sample_index: torch.Tensor   # [S] flat index of each token whose logits are returned
     fixed_shape: bool = False    # a CUDA graph's batch: its shapes never change
+    sliding_window: int | None = None  # that of the model's sliding-window layers
 
     @classmethod
     def build(cls, chunks: Sequence[SequenceChunk], block_size: int, device: torch.device,
@@ -150,6 +158,7 @@ class AttentionBatch:
             write_slots=_to(write_slots.reshape(-1), device),
             groups=groups,
             sample_index=_to(_sampled_tokens(ends, num_logits), device),
+            sliding_window=sliding_window,
         )
 
 
@@ -222,35 +231,47 @@ def slot_table(block_table: np.ndarray, positions: np.ndarray, block_size: int) 
     return blocks * block_size + positions % block_size
 
 
+class DecodeAttention(enum.Enum):
+    """How decoding sequences (one query each) attend; on a CPU the warm-up times the forms
+    and keeps the fastest (see `PagedRunner._measure_decode_attention`;
+    docs/engine-measurements.md#decoding-attention)."""
+
+    SDPA = "SDPA's GQA"
+    GROUPED = "grouped by K/V head"  # see `_attend_grouped`
+    NATIVE = "native kernel"         # engine/csrc/decode_attention.cpp, where it was built
+
+
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                     v_cache: torch.Tensor, batch: AttentionBatch, *, windowed: bool = False,
-                    groups_queries: bool = False) -> torch.Tensor:
+                    decode: DecodeAttention = DecodeAttention.SDPA) -> torch.Tensor:
     """q [T, H, D], k/v [T, Hkv, D], in the caches' dtype; caches [slots, Hkv, D]. Returns
-    [T, H*D]. windowed: the layer attends within the batch's sliding window; groups_queries:
-    decoding sequences attend as `_attend_grouped` does."""
+    [T, H*D]. windowed: the layer attends within the batch's sliding window; decode: how
+    decoding sequences attend."""
     k_cache.index_copy_(0, batch.write_slots, k)
     v_cache.index_copy_(0, batch.write_slots, v)
+    window = batch.sliding_window if windowed else None
     if len(batch.groups) == 1 and batch.groups[0].is_decode:
         return _attend(q.unsqueeze(1), k_cache, v_cache, batch.groups[0], batch.fixed_shape,
-                       windowed, groups_queries)
+                       window, decode)
     out = q.new_empty(q.shape[0], q.shape[1] * q.shape[2])
     for group in batch.groups:
         queries = q[group.query_index]
-        attended = _attend(queries, k_cache, v_cache, group, batch.fixed_shape, windowed,
-                           groups_queries)
+        attended = _attend(queries, k_cache, v_cache, group, batch.fixed_shape, window, decode)
         out.index_copy_(0, group.token_index, attended[group.unpad_index])
     return out
 
 
 def _attend(queries: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-            group: AttentionGroup, fixed_shape: bool, windowed: bool,
-            groups_queries: bool) -> torch.Tensor:
-    """queries [B, Qmax, H, D] → [B*Qmax, H*D]."""
+            group: AttentionGroup, fixed_shape: bool, window: int | None,
+            decode: DecodeAttention) -> torch.Tensor:
+    """queries [B, Qmax, H, D] → [B*Qmax, H*D]; window: the layer's sliding window."""
+    batch, q_len, heads, head_dim = queries.shape
+    if q_len == 1 and decode is DecodeAttention.NATIVE:
+        return _attend_natively(queries[:, 0], k_cache, v_cache, group, window)
     keys = _gather(k_cache, group.context_slots)      # [B, Hkv, Lmax, D]
     values = _gather(v_cache, group.context_slots)
-    mask = group.window_mask if windowed else group.mask
-    batch, q_len, heads, head_dim = queries.shape
-    if q_len == 1 and groups_queries:
+    mask = group.mask if window is None else group.window_mask
+    if q_len == 1 and decode is DecodeAttention.GROUPED:
         return _attend_grouped(queries, keys, values, mask).reshape(batch, heads * head_dim)
     # Only CUDA has cuDNN's kernel to avoid; on a CPU the context would cost time every layer.
     restricts = not fixed_shape and queries.device.type == "cuda"
@@ -264,12 +285,20 @@ def _attend_grouped(queries: torch.Tensor, keys: torch.Tensor, values: torch.Ten
                     mask: torch.Tensor | None) -> torch.Tensor:
     """One query per sequence, [B, 1, H, D]: the H // Hkv query heads that share a K/V head
     attend as that head's rows ([B, Hkv, H // Hkv, D]), one pass over each K/V head instead of
-    one per query head. Used on a CPU where it was measured faster (see
-    `PagedRunner._measure_query_grouping`; docs/engine-measurements.md#query-grouping)."""
+    one per query head."""
     batch, _, heads, head_dim = queries.shape
     kv_heads = keys.shape[1]
     grouped = queries.reshape(batch, kv_heads, heads // kv_heads, head_dim)
     return F.scaled_dot_product_attention(grouped, keys, values, attn_mask=mask)
+
+
+def _attend_natively(queries: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     group: AttentionGroup, window: int | None) -> torch.Tensor:
+    """queries [B, H, D] of decoding sequences → [B, H*D], read straight from the caches by
+    the group's context slots: no padded copy of the context, no mask."""
+    return native.kernels().decode_attention(queries, k_cache, v_cache, group.context_slots,
+                                             group.context_lens, window or 0,
+                                             queries.shape[-1] ** -0.5)
 
 
 def _gather(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:

@@ -64,20 +64,23 @@ class _StaticStep:
 
     @classmethod
     def allocate(cls, batch_size: int, context: int, device: torch.device,
-                 windowed: bool) -> _StaticStep:
-        """windowed: the model has sliding-window layers, which get a mask of their own."""
+                 sliding_window: int | None) -> _StaticStep:
+        """sliding_window: that of the model's sliding-window layers, which get a mask of their
+        own (None: it has none)."""
         rows = torch.arange(batch_size, device=device)
         mask = torch.zeros(batch_size, 1, 1, context, dtype=torch.bool, device=device)
         group = AttentionGroup(
             token_index=rows, query_index=rows.view(-1, 1),
             context_slots=torch.zeros(batch_size, context, dtype=torch.long, device=device),
             mask=mask, unpad_index=rows,
-            window_mask=torch.zeros_like(mask) if windowed else mask)
+            window_mask=mask if sliding_window is None else torch.zeros_like(mask),
+            context_lens=torch.ones(batch_size, dtype=torch.long, device=device))
         batch = AttentionBatch(
             token_ids=torch.zeros(batch_size, dtype=torch.long, device=device),
             positions=torch.zeros(batch_size, dtype=torch.long, device=device),
             write_slots=torch.zeros(batch_size, dtype=torch.long, device=device),
-            groups=(group,), sample_index=rows, fixed_shape=True)
+            groups=(group,), sample_index=rows, fixed_shape=True,
+            sliding_window=sliding_window)
         return cls(batch=batch, graph=None)
 
 
@@ -133,7 +136,7 @@ class DecodeGraphs:
         step = self._steps.get((batch_size, context))
         if step is None:
             step = _StaticStep.allocate(batch_size, context, self._device,
-                                        windowed=self._sliding_window is not None)
+                                        self._sliding_window)
             self._fill(step.batch, ())
             if self._capture:
                 step = self._captured(step)
@@ -178,6 +181,7 @@ class DecodeGraphs:
         batch.positions.copy_(torch.from_numpy(lengths - 1))
         batch.write_slots.copy_(torch.from_numpy(slots[np.arange(batch_size), lengths - 1]))
         group.context_slots.copy_(torch.from_numpy(slots))
+        group.context_lens.copy_(torch.from_numpy(lengths))
         group.mask.copy_(torch.from_numpy(mask.reshape(batch_size, 1, 1, -1)))
         if self._sliding_window is not None:
             in_window = within_window(key_positions, lengths.reshape(-1, 1) - 1,

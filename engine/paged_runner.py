@@ -40,7 +40,8 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 
-from switchboard.engine.attention import AttentionBatch, paged_attention
+from switchboard.engine import native
+from switchboard.engine.attention import AttentionBatch, DecodeAttention, paged_attention
 from switchboard.engine.decode_graphs import DecodeGraphs
 from switchboard.engine.host_memory import release_free_heap
 from switchboard.engine.kv_transfer import KVLayout
@@ -66,7 +67,7 @@ MEASURED_BYTES = 128 * 2**20
 # rows, decoding at PROBE_CONTEXT tokens, each the best of PROBE_ROUNDS.
 FEW_ROW_PLAIN_ROLES = ("qkv", "o_proj", "down")
 FEW_ROW_PROBES = (1, 4, 8, 16)
-# The numbers of decoding sequences whose attention `_measure_query_grouping` times.
+# The numbers of decoding sequences whose attention `_measure_decode_attention` times.
 GROUPING_PROBES = (1, 16, 64)
 PROBE_CONTEXT = 128
 PROBE_ROUNDS = 3
@@ -254,8 +255,8 @@ class PagedRunner:
         # One slot past the pool's: padding rows of a static decode batch write there.
         self._cache_shape = (len(self._layers), capacity + 1, self._num_kv_heads, self._head_dim)
         self._cache_dtype = torch.bfloat16 if dense_copy is not None else dtype
-        # Measured at the warm-up on a CPU (see `_measure_query_grouping`).
-        self._groups_queries = False
+        # Measured at the warm-up on a CPU (see `_measure_decode_attention`).
+        self._decode_attention = DecodeAttention.SDPA
         self._k_cache: torch.Tensor | None = None
         self._v_cache: torch.Tensor | None = None
         self._decode_graphs = DecodeGraphs(
@@ -298,7 +299,7 @@ class PagedRunner:
         (docs/engine-measurements.md#host-memory)."""
         gc.collect()
         if self._device.type == "cpu":
-            self._measure_query_grouping()
+            self._measure_decode_attention()
         if self._few_row_layers is not None:
             self._measure_few_rows()
         if self._dense_copy is not None:
@@ -349,8 +350,7 @@ class PagedRunner:
 
     def measured_choices(self) -> dict[str, str]:
         """What the load-time measurements chose on a CPU (where a choice was timed)."""
-        choices = {"decoding attention": "grouped by K/V head" if self._groups_queries
-                   else "SDPA's GQA"}
+        choices = {"decoding attention": self._decode_attention.value}
         if self._transposed is not None:
             choices["(W @ xt)t at rows"] = self._transposed.describe()
         if self._measures_dense:
@@ -459,31 +459,33 @@ class PagedRunner:
             self._few_row_layers = None
 
     @torch.inference_mode()
-    def _measure_query_grouping(self) -> None:
-        """Whether decoding sequences attend grouped (see `attention._attend_grouped`) rather
-        than through SDPA's `enable_gqa`: whichever was faster over GROUPING_PROBES, timed as
-        a step's layers attend, before the pool is allocated: which wins depends on the
-        processor and the KV cache's dtype, by far on some and narrowly the other way on others
-        (docs/engine-measurements.md#query-grouping)."""
+    def _measure_decode_attention(self) -> None:
+        """How decoding sequences attend (see `attention.DecodeAttention`): whichever form was
+        fastest over GROUPING_PROBES, timed as a step's layers attend, before the pool is
+        allocated: which wins depends on the processor and the KV cache's dtype, by far on some
+        and narrowly the other way on others (docs/engine-measurements.md#decoding-attention). The
+        native kernel takes part where it was built, for the dtypes it has."""
+        forms = [DecodeAttention.SDPA, DecodeAttention.GROUPED]
+        if native.kernels() is not None and self._cache_dtype in native.DTYPES:
+            forms.append(DecodeAttention.NATIVE)
         probes = self._probe_batches(GROUPING_PROBES)
 
         def attend(probe: tuple[AttentionBatch, torch.Tensor, torch.Tensor]) -> None:
             batch, queries, new_keys = probe
             for layer in range(len(self._layers)):
                 paged_attention(queries, new_keys, new_keys, self._k_cache[layer],
-                                self._v_cache[layer], batch, groups_queries=self._groups_queries)
+                                self._v_cache[layer], batch, decode=self._decode_attention)
 
         inputs = [(batch,
                    torch.randn(rows, self._num_heads, self._head_dim, dtype=self._cache_dtype),
                    torch.randn(rows, self._num_kv_heads, self._head_dim, dtype=self._cache_dtype))
                   for rows, batch in probes.items()]
-        self._groups_queries = fastest_in_turns(
-            (partial(setattr, self, "_groups_queries", False),
-             partial(setattr, self, "_groups_queries", True)),
+        self._decode_attention = forms[fastest_in_turns(
+            [partial(setattr, self, "_decode_attention", form) for form in forms],
             attend, inputs, PROBE_ROUNDS,
-            self._best(f"decoding attention through SDPA's GQA or grouped, {self._model_shape}, "
-                       f"{self._cache_dtype} KV, sequences {GROUPING_PROBES} at "
-                       f"{PROBE_CONTEXT} tokens")) == 1
+            self._best(f"decoding attention: {', '.join(form.name for form in forms)}, "
+                       f"{self._model_shape}, {self._cache_dtype} KV, sequences "
+                       f"{GROUPING_PROBES} at {PROBE_CONTEXT} tokens"))]
         self._k_cache = self._v_cache = None
 
     def _probe_batches(self, probe_rows: Sequence[int]) -> dict[int, AttentionBatch]:
@@ -594,7 +596,7 @@ class PagedRunner:
             v = qkv[:, num_qk_heads:]
             attended = paged_attention(q, k, v, self._k_cache[index], self._v_cache[index],
                                        batch, windowed=layer.windowed,
-                                       groups_queries=self._groups_queries)
+                                       decode=self._decode_attention)
             if index == last and len(batch.sample_index) < len(hidden):
                 # Past the last layer's K/V only the sampled tokens' states are wanted.
                 hidden, attended = hidden[batch.sample_index], attended[batch.sample_index]

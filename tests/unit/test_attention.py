@@ -11,7 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from switchboard.engine import attention
-from switchboard.engine.attention import AttentionBatch, paged_attention, split_by_context
+from switchboard.engine.attention import (AttentionBatch, DecodeAttention, paged_attention,
+                                          split_by_context)
 from switchboard.engine.paged_runner import SequenceChunk
 
 BLOCK_SIZE = 4
@@ -41,11 +42,11 @@ def reference(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("window", [None, WINDOW], ids=["whole-context", "sliding-window"])
-@pytest.mark.parametrize("groups_queries", [False, True], ids=["per-head", "grouped"])
+@pytest.mark.parametrize("decode", list(DecodeAttention), ids=lambda form: form.name.lower())
 @pytest.mark.parametrize("prefilling", [0, 3], ids=["decodes-only", "beside-a-prefill"])
 @pytest.mark.parametrize("group_cost", [10**6, 0], ids=["one-decode-group", "one-per-context"])
 def test_paged_attention_equals_each_sequences_own(dtype: torch.dtype, window: int | None,
-                                                   groups_queries: bool, prefilling: int,
+                                                   decode: DecodeAttention, prefilling: int,
                                                    group_cost: int,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """The first sequence computes `prefilling` tokens of its prompt (1: a decode), the others
@@ -66,7 +67,7 @@ def test_paged_attention_equals_each_sequences_own(dtype: torch.dtype, window: i
     decodes = 4 if prefilling == 0 else 3
     assert len(batch.groups) == (1 if group_cost else decodes) + (prefilling > 0)
     out = paged_attention(q, k, v, k_cache, v_cache, batch, windowed=window is not None,
-                          groups_queries=groups_queries)
+                          decode=decode)
 
     first = 0
     for chunk, context, count in zip(chunks, CONTEXTS, new_tokens):

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from switchboard.engine import attention, measured_choice
+from switchboard.engine import attention, measured_choice, native
 from switchboard.engine.measured_choice import MeasuredChoice, fastest_overall
 from switchboard.engine.paged_runner import PagedRunner, SequenceChunk, measured_layers
 from switchboard.engine.timing_store import SETTLED_MEASUREMENTS, TimingStore
@@ -114,31 +114,33 @@ def test_onednn_caches_are_capped_unless_the_operator_set_them(monkeypatch) -> N
     assert os.environ["LRU_CACHE_CAPACITY"] == "500"
 
 
-@pytest.mark.parametrize("slowed", ["grouped", "sdpa-gqa"])
+@pytest.mark.parametrize("faster", list(attention.DecodeAttention),
+                         ids=lambda form: form.name.lower())
 def test_decoding_sequences_attend_in_the_form_timed_faster_at_the_warm_up(
-        slowed: str, monkeypatch) -> None:
-    """Query heads grouped by the K/V head they share, or SDPA's enable_gqa: which is faster
-    depends on the processor and the KV dtype (grouped: 2-5x faster in bf16 on an AMD Zen 5,
-    4% slower on an Intel Xeon with AMX). The runner's steps use the one its warm-up timed
-    faster; here the other is slowed."""
-    grouped, sdpa = attention._attend_grouped, F.scaled_dot_product_attention
-    calls = {"grouped": 0, "sdpa-gqa": 0}
+        faster: attention.DecodeAttention, monkeypatch) -> None:
+    """SDPA's enable_gqa, query heads grouped by the K/V head they share, or the native
+    kernel: which is fastest depends on the processor and the KV dtype (grouped: 2-5x faster
+    than SDPA's GQA in bf16 on an AMD Zen 5, 4% slower on an Intel Xeon with AMX). The
+    runner's steps use the form its warm-up timed fastest; here the others are slowed."""
+    assert native.kernels() is not None, "the native kernels did not build"
+    forms = attention.DecodeAttention
+    calls = dict.fromkeys(forms, 0)
 
-    def attend_grouped(*args: torch.Tensor) -> torch.Tensor:
-        calls["grouped"] += 1
-        if slowed == "grouped":
-            slow(torch.ones(1, 64))
-        return grouped(*args)
+    def counted(form: attention.DecodeAttention, attend):
+        def attend_and_count(*args: object, **kwargs: object) -> torch.Tensor:
+            if form is not forms.SDPA or kwargs.get("enable_gqa"):
+                calls[form] += 1
+                if form is not faster:
+                    slow(torch.ones(1, 64))
+            return attend(*args, **kwargs)
+        return attend_and_count
 
-    def scaled_dot_product_attention(*args: torch.Tensor, **kwargs: object) -> torch.Tensor:
-        if kwargs.get("enable_gqa"):
-            calls["sdpa-gqa"] += 1
-            if slowed == "sdpa-gqa":
-                slow(torch.ones(1, 64))
-        return sdpa(*args, **kwargs)
-
-    monkeypatch.setattr(attention, "_attend_grouped", attend_grouped)
-    monkeypatch.setattr(F, "scaled_dot_product_attention", scaled_dot_product_attention)
+    monkeypatch.setattr(attention, "_attend_grouped",
+                        counted(forms.GROUPED, attention._attend_grouped))
+    monkeypatch.setattr(attention, "_attend_natively",
+                        counted(forms.NATIVE, attention._attend_natively))
+    monkeypatch.setattr(F, "scaled_dot_product_attention",
+                        counted(forms.SDPA, F.scaled_dot_product_attention))
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(
         vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
@@ -148,8 +150,7 @@ def test_decoding_sequences_attend_in_the_form_timed_faster_at_the_warm_up(
     calls.update(dict.fromkeys(calls, 0))
     runner.execute([SequenceChunk(str(row), [row], 9, [3 * row, 3 * row + 1, 3 * row + 2],
                                   samples=True) for row in range(3)])
-    faster = "sdpa-gqa" if slowed == "grouped" else "grouped"
-    assert calls == {slowed: 0, faster: 2}  # one call a layer
+    assert calls == {form: 2 if form is faster else 0 for form in forms}  # one call a layer
 
 
 HOG_SECONDS = 300  # an upper bound: the hogs are stopped as soon as the warm-up is done
