@@ -92,8 +92,8 @@ inline float exp_nonpositive(float x) {
   x = std::max(x, -87.f);
   const float k = std::floor(x * 1.44269504f + 0.5f);
   const float r = (x - k * 0.693359375f) + k * 2.12194440e-4f;
-  const float p =
-      1.f + r * (1.f + r * (0.5f + r * (1.f / 6 + r * (1.f / 24 + r * (1.f / 120 + r * (1.f / 720))))));
+  const float p = 1.f + r * (1.f + r * (0.5f + r * (1.f / 6 + r * (1.f / 24 +
+                   r * (1.f / 120 + r * (1.f / 720))))));
   const int32_t bits = (static_cast<int32_t>(k) + 127) << 23;
   float power;
   std::memcpy(&power, &bits, sizeof(power));
@@ -144,8 +144,11 @@ void attend(const at::Tensor& queries, const at::Tensor& k_cache, const at::Tens
       const int64_t stop = length[b], start = window > 0 ? std::max<int64_t>(0, stop - window) : 0;
       const int64_t n = stop - start;
       const int64_t* context = slot + b * slot_stride + start;
-      const auto k_row = [&](int64_t i) { return k + (context[i] * kv_heads + kv_head) * head_dim; };
-      const auto v_row = [&](int64_t i) { return v + (context[i] * kv_heads + kv_head) * head_dim; };
+      const auto row_offset = [&](int64_t i) {
+        return (context[i] * kv_heads + kv_head) * head_dim;
+      };
+      const auto k_row = [&](int64_t i) { return k + row_offset(i); };
+      const auto v_row = [&](int64_t i) { return v + row_offset(i); };
       to_float(q + b * query_stride + kv_head * group * head_dim, query.data(), group * head_dim);
       for (float& value : query) value *= scale_f;
       scores.resize(group * n);
