@@ -8,10 +8,11 @@ of queries each) form separate groups, one SDPA call each: padding 64 one-token 
 64-token prefill chunk would multiply the work by 64. On a CPU decoding sequences are split
 further by context length (`split_by_context`), which shortens attention where contexts vary,
 and may attend through the native kernel instead (`DecodeAttention.NATIVE`), which reads the
-context from the cache by its slots without the padded copy. The pure-torch path runs on any device; on CUDA, SDPA picks its fused kernels, except cuDNN's
-in eager steps: it builds a plan for each new shape, and eager shapes rarely repeat, so it
-slowed prefills of new lengths (docs/engine-measurements.md#attention). The fixed shapes of
-the CUDA graphs that replay decode steps keep it: their plans are built once, at capture.
+context from the cache by its slots without the padded copy. The pure-torch path runs on
+any device; on CUDA, SDPA picks its fused kernels, except cuDNN's in eager steps: it builds a
+plan for each new shape, and eager shapes rarely repeat, so it slowed prefills of new lengths
+(docs/engine-measurements.md#attention). The fixed shapes of the CUDA graphs that replay
+decode steps keep it: their plans are built once, at capture.
 
 Layers with sliding-window attention (Mistral's, Qwen2's upper layers) attend to the last
 `sliding_window` positions only, as transformers' `kv > q - sliding_window`: their groups carry

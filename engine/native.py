@@ -1,6 +1,6 @@
 """The engine's native CPU kernels (engine/csrc), compiled with torch's cpp_extension for the
 processor at hand on first use and kept in torch's extensions cache; where they cannot be
-built (no compiler), the engine runs without them, as before they existed.
+built (no compiler), the engine runs without them.
 
 Built with -march=native, so a build is named after the processor's flags as well as its
 sources and torch's version: a cache shared with another processor never loads it."""
@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+from switchboard.engine.timing_store import cpuinfo
+
 logger = logging.getLogger(__name__)
 
 SOURCES = ("decode_attention.cpp",)
@@ -31,10 +33,11 @@ FLAGS = ("-O3", "-march=native", "-fopenmp")
 def kernels() -> object | None:
     """torch.ops.switchboard once the kernels are loaded; None where they cannot be built."""
     sources = [Path(str(files(__package__).joinpath("csrc", name))) for name in SOURCES]
+    processor = cpuinfo(("flags",)).get("flags", platform.machine())
     digest = hashlib.sha256()
-    for part in (*(source.read_bytes() for source in sources), " ".join(FLAGS).encode(),
-                 torch.__version__.encode(), _processor_flags().encode()):
-        digest.update(part)
+    for part in (*(source.read_bytes() for source in sources), " ".join(FLAGS), torch.__version__,
+                 processor):
+        digest.update(part if isinstance(part, bytes) else part.encode())
     try:
         from torch.utils import cpp_extension
         _find_ninja()
@@ -54,14 +57,6 @@ def _find_ninja() -> None:
     if shutil.which("ninja") is None:
         import ninja
         os.environ["PATH"] = os.pathsep.join((ninja.BIN_DIR, os.environ.get("PATH", "")))
-
-
-def _processor_flags() -> str:
-    cpuinfo = Path("/proc/cpuinfo")
-    if not cpuinfo.exists():
-        return platform.processor()
-    return next((line for line in cpuinfo.read_text().splitlines()
-                 if line.startswith("flags")), "")
 
 
 if __name__ == "__main__":  # `make install` builds them ahead of the first server

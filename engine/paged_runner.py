@@ -463,8 +463,8 @@ class PagedRunner:
         """How decoding sequences attend (see `attention.DecodeAttention`): whichever form was
         fastest over GROUPING_PROBES, timed as a step's layers attend, before the pool is
         allocated: which wins depends on the processor and the KV cache's dtype, by far on some
-        and narrowly the other way on others (docs/engine-measurements.md#decoding-attention). The
-        native kernel takes part where it was built, for the dtypes it has."""
+        and narrowly the other way on others (docs/engine-measurements.md#decoding-attention).
+        The native kernel takes part where it was built, for the dtypes it has."""
         forms = [DecodeAttention.SDPA, DecodeAttention.GROUPED]
         if native.kernels() is not None and self._cache_dtype in native.DTYPES:
             forms.append(DecodeAttention.NATIVE)

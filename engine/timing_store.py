@@ -106,15 +106,21 @@ def processor_identity() -> dict[str, str]:
     identity = {"processor": platform.processor() or platform.machine(),
                 "torch": torch.__version__,
                 "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+    return identity | cpuinfo(CPUINFO_FIELDS)
+
+
+def cpuinfo(fields: tuple[str, ...]) -> dict[str, str]:
+    """The first processor's `fields` in /proc/cpuinfo (none where it cannot be read)."""
     try:
         lines = CPUINFO.read_text().splitlines()
     except OSError:
-        return identity
+        return {}
+    found: dict[str, str] = {}
     for line in lines:
         field, _, value = line.partition(":")
-        if field.strip() in CPUINFO_FIELDS:
-            identity.setdefault(field.strip(), value.strip())
-    return identity
+        if field.strip() in fields:
+            found.setdefault(field.strip(), value.strip())
+    return found
 
 
 def _digest(identity: dict[str, str]) -> str:
