@@ -157,14 +157,16 @@ class AsyncEngine:
         # Quantized: copies of the weights for big batches, and a bf16 KV cache with them.
         sample_weight = loaded.model.model.layers[0].mlp.up_proj.weight.detach()
         timings = TimingStore(config.cache_dir)
-        dense_copy = (dense_copy_for(sample_weight, timings) if loaded.quantization.is_quantized
-                      else None)
+        dense_copy = (dense_copy_for(sample_weight, timings)
+                      if loaded.quantization.is_quantized
+                      and not config.enable_deterministic_inference else None)
         kv_dtype = torch.bfloat16 if dense_copy is not None else loaded.dtype
         block_bytes = config.block_size * kv_bytes_per_token(loaded.model, kv_dtype)
         num_blocks = config.num_kv_blocks or max(1, config.kv_cache_mib * 2**20 // block_bytes)
         graphs = loaded.device.type == "cuda" and not config.enforce_eager
         runner = PagedRunner(loaded.model, loaded.device, num_blocks, config.block_size,
                              loaded.quantization, dense_copy=dense_copy, timings=timings,
+                             batch_invariant=config.enable_deterministic_inference,
                              static_decode_batch=config.max_batch_size if graphs else 0)
         if graphs:
             runner.prepare()

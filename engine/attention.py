@@ -123,11 +123,17 @@ class AttentionBatch:
 
     @classmethod
     def build(cls, chunks: Sequence[SequenceChunk], block_size: int, device: torch.device,
-              sliding_window: int | None = None) -> AttentionBatch:
+              sliding_window: int | None = None, *, token_by_token: bool = False
+              ) -> AttentionBatch:
         """The step's index tensors, computed as numpy arrays with a few operations for the
         whole batch and each group rather than some for each sequence, whose cost would grow
         with the batch; numpy's operations on arrays this small cost a fraction of torch's
-        (docs/engine-measurements.md#attention)."""
+        (docs/engine-measurements.md#attention).
+
+        token_by_token: every token attends as a decoding sequence of its own at its
+        position, in one group, for deterministic inference: SDPA computes a query's row
+        otherwise with the chunk it came in, the padding its group needed and whether a mask
+        is given, where the native kernel computes each row alone."""
         num_chunks = len(chunks)
         q_lens = np.fromiter((len(chunk.token_ids) for chunk in chunks), np.int64, num_chunks)
         starts = np.fromiter((chunk.start for chunk in chunks), np.int64, num_chunks)
@@ -144,13 +150,19 @@ class AttentionBatch:
                                          max(len(chunk.block_ids) for chunk in chunks))
         write_slots = slot_table(block_table[sequence_of_token], positions.reshape(-1, 1),
                                  block_size)
-        decodes, prefills = np.flatnonzero(q_lens == 1), np.flatnonzero(q_lens > 1)
-        decode_groups = (split_by_context(decodes.tolist(), starts[decodes] + 1)
-                         if device.type == "cpu" else [decodes])
-        groups = tuple(
-            AttentionGroup.build(np.asarray(rows), firsts, starts, q_lens, block_table,
-                                 block_size, device, sliding_window)
-            for rows in (*decode_groups, prefills) if len(rows))
+        if token_by_token:
+            tokens = np.arange(num_tokens)
+            groups = (AttentionGroup.build(tokens, tokens, positions, np.ones_like(tokens),
+                                           block_table[sequence_of_token], block_size, device,
+                                           sliding_window),)
+        else:
+            decodes, prefills = np.flatnonzero(q_lens == 1), np.flatnonzero(q_lens > 1)
+            decode_groups = (split_by_context(decodes.tolist(), starts[decodes] + 1)
+                             if device.type == "cpu" else [decodes])
+            groups = tuple(
+                AttentionGroup.build(np.asarray(rows), firsts, starts, q_lens, block_table,
+                                     block_size, device, sliding_window)
+                for rows in (*decode_groups, prefills) if len(rows))
         token_ids = np.fromiter(itertools.chain.from_iterable(
             chunk.token_ids for chunk in chunks), np.int64, num_tokens)
         return cls(

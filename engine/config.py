@@ -57,6 +57,13 @@ class EngineConfig:
     first prompt in line is prefilled whole, up to max_prefill_tokens (see `scheduler.py`).
     The KV cache pool holds num_kv_blocks blocks of block_size tokens (MindIE's
     cacheBlockSize); num_kv_blocks 0 sizes the pool from kv_cache_mib.
+    enable_deterministic_inference (SGLang's flag; vLLM's VLLM_BATCH_INVARIANT): every row's
+    logits the same whatever else its step computes, so a seed reproduces its sequence alone,
+    beside other requests, or with its prompt's start read from the prefix cache. By default
+    products are computed the way measured fastest for each number of rows (see
+    `measured_choice.py`), whose results differ in the last bits, enough to change a sampled
+    token now and then; this keeps one way at every number of rows (the weights' own kernels,
+    no dense copies), at some speed (docs/engine.md#deterministic-inference).
     enforce_eager (vLLM's name): no CUDA graphs; by default decode steps of up to
     max_batch_size sequences (at most 128) replay graphs on CUDA.
     num_speculative_tokens (TGI's --speculate): n-gram speculation, the tokens guessed and
@@ -94,6 +101,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     num_threads: int = 0
     enforce_eager: bool = False
+    enable_deterministic_inference: bool = False
     num_speculative_tokens: int = 0
     speculative_max_batch: int = 4
     chat_template: Path | None = None

@@ -201,13 +201,16 @@ class PagedRunner:
     def __init__(self, model: PreTrainedModel, device: torch.device, num_blocks: int,
                  block_size: int, quantization: QuantizationPlan = QuantizationPlan("none"),
                  *, static_decode_batch: int = 0, dense_copy: DenseCopy | None = None,
-                 timings: TimingStore = TimingStore(None)) -> None:
+                 timings: TimingStore = TimingStore(None), batch_invariant: bool = False) -> None:
         """static_decode_batch: the most sequences a decode step is padded for to replay a
         CUDA graph (0: every step eager); on a CPU the padded steps run without a graph.
         timings: where the load-time measurements keep their best times across restarts.
         dense_copy (quantized; see `dense_copy_for`): the copies of their weights projections
         keep for many rows; with them the KV cache and attention are in bf16, which halves the
-        bytes attention reads, and so shortens it (docs/engine-measurements.md#attention)."""
+        bytes attention reads, and so shortens it (docs/engine-measurements.md#attention).
+        batch_invariant: every product computed one way at any number of rows, the first way
+        of each `MeasuredChoice`, whose row's result does not depend on the other rows; a
+        layout chosen once for all rows is still measured."""
         architecture = (model.config.architectures or [type(model).__name__])[0]
         if architecture not in SUPPORTED_ARCHITECTURES:
             raise UnsupportedModel(f"{architecture} is not supported; supported architectures: "
@@ -228,12 +231,16 @@ class PagedRunner:
                              f"heads {self._num_heads}/{self._num_kv_heads}x{self._head_dim}, "
                              f"vocabulary {config.vocab_size}, {quantization.scheme}")
         measures = device.type == "cpu" and model.lm_head.weight.dtype == torch.float32
-        self._transposed = self._measure_transposed(model) if measures else None
-        self._packing = (self._measure_packing(model)
-                         if measures and not quantization.is_quantized else None)
+        measures_by_rows = measures and not batch_invariant
+        self._transposed = self._measure_transposed(model) if measures_by_rows else None
+        self._measures_packing = measures and not quantization.is_quantized
+        self._packing = self._measure_packing(model) if self._measures_packing else None
+        # Whether steps of few rows are timed with FEW_ROW_PLAIN_ROLES unpacked (see
+        # `_measure_few_rows`), which `_fuse` then keeps unpacked copies of.
+        self._times_few_rows = self._packing is not None and measures_by_rows
         self._dense_copy = dense_copy
         self._dense = MeasuredChoice()
-        self._measures_dense = measures and quantization.is_quantized
+        self._measures_dense = measures_by_rows and quantization.is_quantized
         self._quantized: list[QuantizedProjection] = []
         # On a CPU the loader maps the checkpoint's file, and while any view of it lived the
         # whole mapping stayed resident, fused or packed weights besides
@@ -249,14 +256,24 @@ class PagedRunner:
         fused = [self._fuse(index, layer, windowed[index])
                  for index, layer in enumerate(model.model.layers)]
         self._layers = [layer for layer, _ in fused]
-        self._few_row_layers = [few for _, few in fused] if self._packing is not None else None
+        self._few_row_layers = ([few for _, few in fused]
+                                if self._times_few_rows else None)
         self._few_rows = MeasuredChoice()
         capacity = num_blocks * block_size
         # One slot past the pool's: padding rows of a static decode batch write there.
         self._cache_shape = (len(self._layers), capacity + 1, self._num_kv_heads, self._head_dim)
         self._cache_dtype = torch.bfloat16 if dense_copy is not None else dtype
-        # Measured at the warm-up on a CPU (see `_measure_decode_attention`).
-        self._decode_attention = DecodeAttention.SDPA
+        # Measured at the warm-up on a CPU (see `_measure_decode_attention`); batch-invariant,
+        # every token attends through the native kernel (see `AttentionBatch.build`).
+        self._batch_invariant = batch_invariant
+        self._decode_attention = (DecodeAttention.NATIVE if batch_invariant
+                                  else DecodeAttention.SDPA)
+        if batch_invariant and (device.type != "cpu" or native.kernels() is None
+                                or self._cache_dtype not in native.DTYPES):
+            raise ValueError(
+                "deterministic inference needs the native CPU kernels for a "
+                f"{self._cache_dtype} KV cache on {device.type}; the log says why they are "
+                "missing (a C++ compiler builds them at install)")
         self._k_cache: torch.Tensor | None = None
         self._v_cache: torch.Tensor | None = None
         self._decode_graphs = DecodeGraphs(
@@ -298,7 +315,7 @@ class PagedRunner:
         at construction, the copies raised the load's peak
         (docs/engine-measurements.md#host-memory)."""
         gc.collect()
-        if self._device.type == "cpu":
+        if self._device.type == "cpu" and not self._batch_invariant:
             self._measure_decode_attention()
         if self._few_row_layers is not None:
             self._measure_few_rows()
@@ -356,8 +373,9 @@ class PagedRunner:
         if self._measures_dense:
             choices["quantized dense copies"] = getattr(self._dense_copy, "__name__", "none")
             choices["dense products at rows"] = self._dense.describe()
-        elif self._transposed is not None:
+        elif self._measures_packing:
             choices["float32 layout"] = getattr(self._packing, "__name__", "unpacked")
+        if self._times_few_rows:
             choices[f"{'/'.join(FEW_ROW_PLAIN_ROLES)} unpacked at rows"] = \
                 self._few_rows.describe()
         return choices
@@ -381,7 +399,7 @@ class PagedRunner:
                       if hasattr(attention, "q_norm") else None),
             **{role: self._project(index, linears) for role, linears in roles.items()},
         )
-        few_rows = fused if self._packing is None else replace(fused, **{
+        few_rows = fused if not self._times_few_rows else replace(fused, **{
             role: Projection.concat(*roles[role].values(), transposed=self._transposed,
                                     copy=self._keeps_copies)
             for role in FEW_ROW_PLAIN_ROLES})
@@ -564,8 +582,9 @@ class PagedRunner:
             logits = self._decode_graphs.run(chunks)
             if logits is not None:
                 return logits
-        return self._forward(AttentionBatch.build(chunks, self._block_size, self._device,
-                                                  self._sliding_window)).float()
+        return self._forward(AttentionBatch.build(
+            chunks, self._block_size, self._device, self._sliding_window,
+            token_by_token=self._batch_invariant)).float()
 
     def _forward(self, batch: AttentionBatch) -> torch.Tensor:
         """The logits at batch.sample_index, on the device, without host synchronisation."""

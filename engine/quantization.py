@@ -282,7 +282,9 @@ class RefinedHead:
         logits = self._head(hidden).float()
         candidates = logits.topk(min(REFINED_CANDIDATES, logits.shape[-1]), dim=-1).indices
         rows = self._head.rows(candidates.view(-1)).view(*candidates.shape, hidden.shape[-1])
-        exact = torch.bmm(rows, hidden.float().unsqueeze(-1)).squeeze(-1)
+        # Not bmm, which for one row computes otherwise than for several (see
+        # `EngineConfig.enable_deterministic_inference`).
+        exact = torch.linalg.vecdot(rows, hidden.float().unsqueeze(-2))
         if self._head.bias is not None:
             exact += self._head.bias[candidates]
         return logits.scatter_(-1, candidates, exact)

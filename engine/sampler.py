@@ -4,7 +4,8 @@ Penalties, logit biases, allowed tokens, structured output and min-token masks a
 row; greedy rows are one argmax for the batch. Sampled rows follow transformers' order
 (temperature, top-k, top-p, min-p, typical-p) and draw with the exponential race (argmax of
 p / Exp(1) noise, equivalent to drawing from p) from the request's own seeded generator, so a
-seed reproduces its output whatever else runs.
+seed reproduces its draws whatever else runs; the logits they are drawn from are the same bits
+whatever else runs only with deterministic inference (docs/engine.md#deterministic-inference).
 """
 
 from __future__ import annotations

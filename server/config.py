@@ -61,6 +61,7 @@ CONFIG_KEYS = {
     "dtype": "dtype",
     "quantization": "quantization",
     "enforceEager": "enforce_eager",
+    "enableDeterministicInference": "enable_deterministic_inference",
     "numSpeculativeTokens": "num_speculative_tokens",
     "speculativeMaxBatch": "speculative_max_batch",
     "maxBestOf": "max_best_of",
@@ -77,7 +78,7 @@ PATH_SETTINGS = frozenset({"model", "tls_ca_path", "tls_cert", "tls_pk", "tls_cr
 # names the file's key: a string "false" would otherwise read as true. Numbers are checked,
 # with their ranges, where they are used.
 BOOLEAN_SETTINGS = frozenset({"enable_prefix_caching", "https_enabled", "enforce_eager",
-                              "allow_all_zero_ip_listening"})
+                              "enable_deterministic_inference", "allow_all_zero_ip_listening"})
 HOST_SETTINGS = frozenset({"grpc_host", "http_host", "management_host"})
 STRING_SETTINGS = PATH_SETTINGS | HOST_SETTINGS | {"model_name", "device", "dtype",
                                                    "quantization"}

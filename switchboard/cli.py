@@ -49,6 +49,7 @@ PARTNER_EXIT_GRACE_S = 15
 ENGINE_SETTINGS = tuple(field.name for field in dataclasses.fields(EngineConfig))
 SERVER_FLAGS = frozenset({"model", "model_name", "device", "dtype", "quantization", "grpc_host",
                           "grpc_port", "cache_dir", "tls_crl", "enforce_eager",
+                          "enable_deterministic_inference",
                           "num_speculative_tokens", "allow_insecure_non_loopback",
                           "management_identities", "chat_template", "tool_call_parser",
                           "enable_auto_tool_choice", "reasoning_parser", "guided_cache_mib",
@@ -146,6 +147,9 @@ def _add_server_arguments(parser: argparse.ArgumentParser) -> dict[str, str]:
              "without --dtype, else none)")
     add("--enforce-eager", action="store_true", default=None,
         help="run every step eagerly: no CUDA graphs for decode steps")
+    add("--enable-deterministic-inference", action="store_true", default=None,
+        help="the same logits for a sequence whatever else runs beside it, so that a seed "
+             "reproduces its sample (SGLang's flag; CPU, with the native kernels); slower")
     add("--speculate", type=int, dest="num_speculative_tokens", metavar="N",
         help="n-gram speculation: guess up to N next tokens of each decoding request from its "
              "own text, verified in the same step; default: 0 (off)")

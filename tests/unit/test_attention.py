@@ -45,12 +45,13 @@ def reference(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
 @pytest.mark.parametrize("decode", list(DecodeAttention), ids=lambda form: form.name.lower())
 @pytest.mark.parametrize("prefilling", [0, 3], ids=["decodes-only", "beside-a-prefill"])
 @pytest.mark.parametrize("group_cost", [10**6, 0], ids=["one-decode-group", "one-per-context"])
+@pytest.mark.parametrize("token_by_token", [False, True], ids=["grouped", "token-by-token"])
 def test_paged_attention_equals_each_sequences_own(dtype: torch.dtype, window: int | None,
                                                    decode: DecodeAttention, prefilling: int,
-                                                   group_cost: int,
+                                                   group_cost: int, token_by_token: bool,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """The first sequence computes `prefilling` tokens of its prompt (1: a decode), the others
-    decode one token each."""
+    decode one token each; token by token, every token attends as a decoding row."""
     monkeypatch.setattr(attention, "GROUP_COST_SLOTS", group_cost)
     torch.manual_seed(0)
     slots = (max(max(table) for table in TABLES) + 1) * BLOCK_SIZE
@@ -63,9 +64,11 @@ def test_paged_attention_equals_each_sequences_own(dtype: torch.dtype, window: i
     q = torch.randn(total, HEADS, HEAD_DIM).to(dtype)
     k = torch.randn(total, KV_HEADS, HEAD_DIM).to(dtype)
     v = torch.randn(total, KV_HEADS, HEAD_DIM).to(dtype)
-    batch = AttentionBatch.build(chunks, BLOCK_SIZE, torch.device("cpu"), window)
+    batch = AttentionBatch.build(chunks, BLOCK_SIZE, torch.device("cpu"), window,
+                                 token_by_token=token_by_token)
     decodes = 4 if prefilling == 0 else 3
-    assert len(batch.groups) == (1 if group_cost else decodes) + (prefilling > 0)
+    assert len(batch.groups) == (1 if token_by_token
+                                 else (1 if group_cost else decodes) + (prefilling > 0))
     out = paged_attention(q, k, v, k_cache, v_cache, batch, windowed=window is not None,
                           decode=decode)
 
@@ -100,3 +103,31 @@ def test_groups_by_context_hold_each_sequence_once() -> None:
     assert len(groups) > 1
     padded = sum(len(group) * max(contexts[row - 100] for row in group) for group in groups)
     assert padded < 0.8 * 64 * max(contexts)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_token_by_token_a_tokens_attention_is_the_same_bits_whatever_the_step_holds(
+        dtype: torch.dtype) -> None:
+    """Deterministic inference: a prompt's last 3 tokens computed in one chunk beside 3
+    decoding sequences, or each alone as the prompt is computed a token a step."""
+    torch.manual_seed(0)
+    slots = (max(max(table) for table in TABLES) + 1) * BLOCK_SIZE
+    k_cache = torch.randn(slots, KV_HEADS, HEAD_DIM).to(dtype)
+    v_cache = torch.randn(slots, KV_HEADS, HEAD_DIM).to(dtype)
+    q = torch.randn(6, HEADS, HEAD_DIM).to(dtype)
+    k = torch.randn(6, KV_HEADS, HEAD_DIM).to(dtype)
+    v = torch.randn(6, KV_HEADS, HEAD_DIM).to(dtype)
+    chunks = [SequenceChunk(f"s{i}", [0] * count, context - count, table, samples=True)
+              for i, (table, context, count) in enumerate(zip(TABLES, CONTEXTS, [3, 1, 1, 1]))]
+
+    def attend(step: list[SequenceChunk], rows: slice) -> torch.Tensor:
+        batch = AttentionBatch.build(step, BLOCK_SIZE, torch.device("cpu"), token_by_token=True)
+        return paged_attention(q[rows], k[rows], v[rows], k_cache, v_cache, batch,
+                               decode=DecodeAttention.NATIVE)
+
+    together = attend(chunks, slice(0, 6))[:3]
+    first = chunks[0]
+    alone = torch.cat([attend([SequenceChunk("s0", [0], first.start + i, first.block_ids,
+                                             samples=True)], slice(i, i + 1))
+                       for i in range(3)])
+    assert torch.equal(together, alone)

@@ -267,11 +267,16 @@ def test_structured_output_bounds_come_from_the_flags_or_the_config_file(tmp_pat
     assert engine_config.guided_cache_bytes() == 2**20
 
 
-def test_enforce_eager_comes_from_the_config_file_or_the_flag(tmp_path: Path) -> None:
-    assert configs("--insecure")[0].enforce_eager is False
-    assert configs("--enforce-eager", "--insecure")[0].enforce_eager is True
-    path = write_config(tmp_path, {"enforceEager": True})
-    assert configs("--config", str(path), "--insecure")[0].enforce_eager is True
+@pytest.mark.parametrize(("flag", "key", "field"), [
+    ("--enforce-eager", "enforceEager", "enforce_eager"),
+    ("--enable-deterministic-inference", "enableDeterministicInference",
+     "enable_deterministic_inference")])
+def test_a_switch_comes_from_the_config_file_or_the_flag(tmp_path: Path, flag: str, key: str,
+                                                         field: str) -> None:
+    assert getattr(configs("--insecure")[0], field) is False
+    assert getattr(configs(flag, "--insecure")[0], field) is True
+    path = write_config(tmp_path, {key: True})
+    assert getattr(configs("--config", str(path), "--insecure")[0], field) is True
 
 
 def test_quantization_comes_from_the_config_file_or_the_flag(tmp_path: Path) -> None:
