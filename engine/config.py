@@ -62,8 +62,8 @@ class EngineConfig:
     beside other requests, or with its prompt's start read from the prefix cache. By default
     products are computed the way measured fastest for each number of rows (see
     `measured_choice.py`), whose results differ in the last bits, enough to change a sampled
-    token now and then; this keeps one way at every number of rows (the weights' own kernels,
-    no dense copies), at some speed (docs/engine.md#deterministic-inference).
+    token now and then; this keeps one way at every number of rows, one whose rows do not
+    depend on each other, at some speed (docs/engine.md#deterministic-inference).
     enforce_eager (vLLM's name): no CUDA graphs; by default decode steps of up to
     max_batch_size sequences (at most 128) replay graphs on CUDA.
     num_speculative_tokens (TGI's --speculate): n-gram speculation, the tokens guessed and

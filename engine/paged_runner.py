@@ -208,9 +208,9 @@ class PagedRunner:
         dense_copy (quantized; see `dense_copy_for`): the copies of their weights projections
         keep for many rows; with them the KV cache and attention are in bf16, which halves the
         bytes attention reads, and so shortens it (docs/engine-measurements.md#attention).
-        batch_invariant: every product computed one way at any number of rows, the first way
-        of each `MeasuredChoice`, whose row's result does not depend on the other rows; a
-        layout chosen once for all rows is still measured."""
+        batch_invariant: every product computed one way at any number of rows, one whose
+        row's result does not depend on the other rows: the quantized kernels, or float32
+        weights laid out for oneDNN."""
         architecture = (model.config.architectures or [type(model).__name__])[0]
         if architecture not in SUPPORTED_ARCHITECTURES:
             raise UnsupportedModel(f"{architecture} is not supported; supported architectures: "
@@ -233,8 +233,12 @@ class PagedRunner:
         measures = device.type == "cpu" and model.lm_head.weight.dtype == torch.float32
         measures_by_rows = measures and not batch_invariant
         self._transposed = self._measure_transposed(model) if measures_by_rows else None
-        self._measures_packing = measures and not quantization.is_quantized
-        self._packing = self._measure_packing(model) if self._measures_packing else None
+        unquantized = measures and not quantization.is_quantized
+        self._measures_packing = unquantized and not batch_invariant
+        # Batch-invariant, oneDNN's packed product: it computes a row alike at any number of
+        # rows, where MKL's GEMM does not at a few (docs/engine.md#deterministic-inference).
+        self._packing = (self._measure_packing(model) if self._measures_packing
+                         else OneDnnPacked if unquantized else None)
         # Whether steps of few rows are timed with FEW_ROW_PLAIN_ROLES unpacked (see
         # `_measure_few_rows`), which `_fuse` then keeps unpacked copies of.
         self._times_few_rows = self._packing is not None and measures_by_rows
@@ -269,11 +273,12 @@ class PagedRunner:
         self._decode_attention = (DecodeAttention.NATIVE if batch_invariant
                                   else DecodeAttention.SDPA)
         if batch_invariant and (device.type != "cpu" or native.kernels() is None
-                                or self._cache_dtype not in native.DTYPES):
+                                or self._cache_dtype not in native.DTYPES
+                                or (unquantized and not OneDnnPacked.is_available())):
             raise ValueError(
-                "deterministic inference needs the native CPU kernels for a "
-                f"{self._cache_dtype} KV cache on {device.type}; the log says why they are "
-                "missing (a C++ compiler builds them at install)")
+                "deterministic inference needs a CPU, the native CPU kernels for a "
+                f"{self._cache_dtype} KV cache (a C++ compiler builds them at install; the log "
+                "says why they are missing), and oneDNN for unquantized float32 weights")
         self._k_cache: torch.Tensor | None = None
         self._v_cache: torch.Tensor | None = None
         self._decode_graphs = DecodeGraphs(
