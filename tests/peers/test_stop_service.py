@@ -22,6 +22,9 @@ from switchboard.process import GatewayProcess, ServerProcess
 TOKENS = 80  # long enough to outlast the checks made during the drain
 FORCED_STOP_S = 5  # MindIE's /stopService?mode=Force kills its processes after 5 s
 EXIT_TIMEOUT_S = 20  # from the end of the drain
+# A stream the forced stop must cut off: far more tokens than one stream decodes in
+# FORCED_STOP_S (a fast processor decoded 500 within it).
+UNFINISHABLE_TOKENS = 4000
 PROMPTS = ("Write a long story about a dragon.", "Describe the sea in detail.")
 # A new request of each protocol family during the drain, and its error body's keys.
 REFUSED = (
@@ -39,6 +42,16 @@ REFUSED = (
 def service(pki) -> Iterator[tuple[ServerProcess, GatewayProcess]]:
     """A server and a gateway of this test's own (the test stops them)."""
     with own_service(pki.folder) as pair:
+        yield pair
+
+
+@pytest.fixture
+def long_streams_service(pki, tmp_path) -> Iterator[tuple[ServerProcess, GatewayProcess]]:
+    """A server and a gateway of this test's own that allow UNFINISHABLE_TOKENS a stream."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"maxIterTimes": UNFINISHABLE_TOKENS,
+                                  "maxSeqLen": 2 * UNFINISHABLE_TOKENS}))
+    with own_service(pki.folder, server_args=("--config", str(config))) as pair:
         yield pair
 
 
@@ -163,12 +176,11 @@ def test_stop_service_goes_through_when_its_caller_gives_up(service, client_file
 
 
 def test_a_forced_stop_answers_at_once_and_cuts_the_streams_off_within_seconds(
-        service, client_files) -> None:
-    server, gateway = service
+        long_streams_service, client_files) -> None:
+    server, gateway = long_streams_service
     management = gateway.url("management")
     assert request(management, client_files, "/stopService?mode=Soon")[0] == 400
-    # Far longer than the stop allows.
-    stream = InferStream(gateway, client_files, PROMPTS[0], tokens=500)
+    stream = InferStream(gateway, client_files, PROMPTS[0], tokens=UNFINISHABLE_TOKENS)
     assert stream.first_event.wait(REQUEST_TIMEOUT_S) and stream.events, stream.done
     asked_at = time.monotonic()
     assert fetch(management, client_files, "/stopService?mode=Force")[:2] == (200, b"")
@@ -176,7 +188,7 @@ def test_a_forced_stop_answers_at_once_and_cuts_the_streams_off_within_seconds(
     assert_exits_cleanly(gateway, server)
     assert time.monotonic() - asked_at < FORCED_STOP_S + EXIT_TIMEOUT_S
     stream.done.exception(timeout=REQUEST_TIMEOUT_S)  # the reader ended, however it did
-    assert 0 < len(stream.events) < 500
+    assert 0 < len(stream.events) < UNFINISHABLE_TOKENS
     assert all(event.get("generated_text") is None for event in stream.events)  # no last event
 
 
