@@ -40,7 +40,7 @@ from switchboard.engine.params import GenerationRequest, time_left
 from switchboard.engine.quantization import dense_copy_for
 from switchboard.engine.request import RequestOutput
 from switchboard.engine.timing_store import TimingStore
-from switchboard.engine.tokenization import PromptTokenizer, token_texts
+from switchboard.engine.tokenization import PromptTokenizer, TokenTexts
 
 logger = logging.getLogger(__name__)
 
@@ -109,6 +109,7 @@ class AsyncEngine:
         self._slots_per_request = slots_per_request
         self._warm_up = warm_up
         self._tokenizer = tokenizer
+        self._token_texts = TokenTexts(tokenizer)
         self.limits = limits
         self.prompts = PromptTokenizer(tokenizer, limits, max_waiting=max_unfinished)
         self.info = info
@@ -246,7 +247,7 @@ class AsyncEngine:
 
     def token_texts(self, token_ids: Sequence[int]) -> list[str]:
         """Each token decoded alone, special tokens included (TGI's and OpenAI's token text)."""
-        return token_texts(self._tokenizer, token_ids)
+        return self._token_texts(token_ids)
 
     def generate(self, request: GenerationRequest, prefilled: PrefilledKV | None = None, *,
                  streamed: bool = True) -> AsyncIterator[RequestOutput]:

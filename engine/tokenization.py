@@ -41,6 +41,23 @@ def token_texts(tokenizer: object, token_ids: Sequence[int]) -> list[str]:
     return tokenizer.batch_decode([[token_id] for token_id in token_ids])
 
 
+class TokenTexts:
+    """`token_texts`, each token decoded once: the serving loop asks for every generated
+    token's text, and decoding releases the GIL, which the loop then waits to get back from
+    the engine's thread."""
+
+    def __init__(self, tokenizer: object) -> None:
+        self._tokenizer = tokenizer
+        self._texts: dict[int, str] = {}
+
+    def __call__(self, token_ids: Sequence[int]) -> list[str]:
+        missing = [token_id for token_id in dict.fromkeys(token_ids)
+                   if token_id not in self._texts]
+        if missing:
+            self._texts.update(zip(missing, token_texts(self._tokenizer, missing)))
+        return [self._texts[token_id] for token_id in token_ids]
+
+
 class PromptTokenizer:
     """max_waiting: prompts taken at once, tokenizing or waiting their turn; one more is
     refused as Overloaded."""
