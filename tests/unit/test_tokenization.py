@@ -16,7 +16,7 @@ from switchboard.engine.chat import ChatMessage, ChatPrompt
 from switchboard.engine.config import EngineLimits
 from switchboard.engine.errors import Overloaded, PromptTooLong
 from switchboard.engine.loader import longest_token_bytes
-from switchboard.engine.tokenization import PromptTokenizer
+from switchboard.engine.tokenization import PromptTokenizer, TokenTexts
 from switchboard.engine.validation import check_prompt_size
 
 LIMITS = EngineLimits(vocab_size=100, max_seq_len=64, max_input_len=4, max_iter_times=32,
@@ -139,3 +139,17 @@ def test_prompts_past_those_it_may_take_at_once_are_overloaded() -> None:
             prompts.shutdown()
 
     asyncio.run(third_of_two())
+
+
+def test_token_texts_are_each_tokens_own_text_decoded_once() -> None:
+    decoded: list[list[int]] = []
+
+    class CharacterTokenizer:
+        def batch_decode(self, sequences: list[list[int]]) -> list[str]:
+            decoded.extend(sequences)
+            return ["".join(map(chr, ids)) for ids in sequences]
+
+    texts = TokenTexts(CharacterTokenizer())
+    assert texts([104, 105, 104]) == ["h", "i", "h"]
+    assert texts([105, 33]) == ["i", "!"]
+    assert decoded == [[104], [105], [33]]
