@@ -71,6 +71,9 @@ FEW_ROW_PROBES = (1, 4, 8, 16)
 GROUPING_PROBES = (1, 16, 64)
 PROBE_CONTEXT = 128
 PROBE_ROUNDS = 3
+# The rows of the steps the native int4 kernel and PyTorch's are timed at: decoding steps', where
+# the weights' bytes count most (more rows go to the dense copies where those win).
+INT4_KERNEL_PROBES = (1, 4)
 Layer = TypeVar("Layer")
 
 
@@ -245,6 +248,8 @@ class PagedRunner:
         self._dense_copy = dense_copy
         self._dense = MeasuredChoice()
         self._measures_dense = measures_by_rows and quantization.is_quantized
+        self._measures_int4_kernel = self._measures_dense and native.kernels() is not None
+        self._native_int4 = False
         self._quantized: list[QuantizedProjection] = []
         # On a CPU the loader maps the checkpoint's file, and while any view of it lived the
         # whole mapping stayed resident, fused or packed weights besides
@@ -324,6 +329,8 @@ class PagedRunner:
             self._measure_decode_attention()
         if self._few_row_layers is not None:
             self._measure_few_rows()
+        if self._measures_int4_kernel:
+            self._measure_int4_kernel()
         if self._dense_copy is not None:
             for projection in self._quantized:
                 projection.add_copy(self._dense_copy)
@@ -375,6 +382,8 @@ class PagedRunner:
         choices = {"decoding attention": self._decode_attention.value}
         if self._transposed is not None:
             choices["(W @ xt)t at rows"] = self._transposed.describe()
+        if self._measures_int4_kernel:
+            choices["int4 kernel"] = "native" if self._native_int4 else "PyTorch's"
         if self._measures_dense:
             choices["quantized dense copies"] = getattr(self._dense_copy, "__name__", "none")
             choices["dense products at rows"] = self._dense.describe()
@@ -525,6 +534,34 @@ class PagedRunner:
                      for row in range(rows)],
                     self._block_size, self._device, self._sliding_window)
                 for rows in probe_rows}
+
+    def _measure_int4_kernel(self) -> None:
+        """Whether the native int4 kernel (`NativeInt4`) or PyTorch's multiplies a decoding
+        step's rows faster, timed in turns over the layers' 4-bit gate/up projections (see
+        `measured_layers`); every 4-bit projection then keeps the winner's form alone."""
+        projections = [layer.gate_up for layer in measured_layers(
+            self._layers, lambda layer: layer.gate_up.shape.numel() // 2)  # its int4 bytes
+            if layer.gate_up.bits == 4]
+        if not projections:
+            return
+        for projection in projections:
+            projection.add_native()
+
+        def use_native(chosen: bool) -> None:
+            for projection in projections:
+                projection.uses_native = chosen
+
+        self._native_int4 = bool(fastest_in_turns(
+            [partial(use_native, False), partial(use_native, True)],
+            one_after_another([projection.packed_mm for projection in projections]),
+            [torch.randn(rows, projections[0].shape[1]) for rows in INT4_KERNEL_PROBES],
+            PROBE_ROUNDS,
+            self._best(f"int4 kernel: PyTorch's or native, {len(projections)} x "
+                       f"{tuple(projections[0].shape)}, rows {INT4_KERNEL_PROBES}")))
+        for projection in self._quantized:
+            if projection.bits == 4:
+                projection.keep_one_kernel(self._native_int4)
+        release_free_heap()
 
     def _measure_dense(self) -> None:
         """Whether the dense form beats PyTorch's packed kernels, by rows, timed over the

@@ -7,7 +7,8 @@ faster on this CPU when the model was loaded (see `measured_choice.py`):
 
 - PyTorch's weight-only kernels, `_weight_int4pack_mm_for_cpu` / `_weight_int8pack_mm`, on
   bf16 activations: they read 4 or 8 bits per weight instead of 16 or 32, which wins where
-  reading the weight dominates (few rows);
+  reading the weight dominates (few rows). For 4 bits the engine's own kernel
+  (`NativeInt4`) takes their place where it was faster at a decoding step's rows;
 - a dense matmul, which wins where arithmetic dominates and those kernels fall behind, from
   a copy of the dequantised weight kept beside the packed one (`dense_copy_for`): in bf16 for
   oneDNN on a CPU that multiplies bf16 faster than fp32 (AMX); elsewhere in fp16 for FBGEMM,
@@ -39,6 +40,7 @@ from types import MappingProxyType
 import torch
 import torch.nn.functional as F
 
+from switchboard.engine import native
 from switchboard.engine.config import QUANTIZATION_SCHEMES
 from switchboard.engine.measured_choice import (MeasuredChoice, bf16_is_faster, bf16_product,
                                                 prepack_bf16, transposed_product)
@@ -170,10 +172,25 @@ def dense_copy_for(sample_weight: torch.Tensor,
     return Fp16Copy if Fp16Copy.is_available() else None
 
 
+class NativeInt4:
+    """x @ weightᵀ for a 4-bit weight by the engine's native kernel (engine/csrc/int4_linear.cpp):
+    float32 activations quantized to int16 per group, float32 results. Faster than PyTorch's
+    int4 kernel on some processors and slower on others
+    (docs/engine-measurements.md#quantization)."""
+
+    def __init__(self, weight: QuantizedWeight) -> None:
+        self._ops = native.kernels()
+        self._codes, self._scales, self._offsets = self._ops.int4_pack(
+            weight.codes, weight.scales, weight.zeros)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self._ops.int4_linear(x.float(), self._codes, self._scales, self._offsets)
+
+
 class QuantizedProjection:
     """y = x @ weightᵀ (+ bias) with a QuantizedWeight, for float32 or bf16 x. y is bf16 from
-    PyTorch's kernels and bf16 copies, float32 from fp16 copies and fp32 dequantisation: the
-    caller converts only where it needs to."""
+    PyTorch's kernels and bf16 copies, float32 from the native kernel, fp16 copies and fp32
+    dequantisation: the caller converts only where it needs to."""
 
     def __init__(self, weight: QuantizedWeight, bias: torch.Tensor | None, scratch: Scratch, *,
                  dense: MeasuredChoice | None = None, transposed: MeasuredChoice | None = None,
@@ -190,6 +207,8 @@ class QuantizedProjection:
         self.shape = weight.shape
         self._bits = weight.bits
         self._quantized: QuantizedWeight | None = weight
+        self._native: NativeInt4 | None = None
+        self.uses_native = False
         if weight.bits == 4:
             unsigned = (weight.codes.to(torch.int32) + 8)
             self._packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(unsigned, 1)
@@ -197,6 +216,26 @@ class QuantizedProjection:
                 .transpose(0, 1).contiguous().to(torch.bfloat16)
         else:
             self._channel_scales = weight.scales.view(-1).to(torch.bfloat16)
+
+    @property
+    def bits(self) -> int:
+        return self._bits
+
+    def add_native(self) -> None:
+        """Keep the weight for the native int4 kernel too, which `packed_mm` then uses while
+        `uses_native` is set."""
+        self._native = NativeInt4(self._quantized)
+
+    def keep_one_kernel(self, use_native: bool) -> None:
+        """Multiply by the native int4 kernel (made here if need be) or PyTorch's from now on,
+        and drop the other's form."""
+        if use_native:
+            if self._native is None:
+                self.add_native()
+            del self._packed, self._scales_and_zeros
+        else:
+            self._native = None
+        self.uses_native = use_native
 
     def add_copy(self, kind: DenseCopy) -> None:
         """Keep a copy of the weight of `kind` for `dense_mm` (without one it dequantises to
@@ -213,7 +252,9 @@ class QuantizedProjection:
         codes stay where a lookup reads them."""
         if self._copy is None:
             raise ValueError("a projection without a copy needs its packed form")
-        if self._bits == 4:
+        if self._bits == 4 and self.uses_native:
+            self._native = None
+        elif self._bits == 4:
             del self._packed, self._scales_and_zeros
         else:
             del self._channel_scales
@@ -226,6 +267,8 @@ class QuantizedProjection:
         return y if self.bias is None else y + self.bias
 
     def packed_mm(self, x: torch.Tensor) -> torch.Tensor:
+        if self.uses_native:
+            return self._native(x)
         x = x.to(torch.bfloat16)
         if self._bits == 4:
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self._packed, INT4_GROUP_SIZE,

@@ -148,6 +148,26 @@ def test_a_copy_measured_faster_at_every_row_count_is_all_a_projection_keeps(bit
         projection_of(weight, None, "fp32").drop_packed()
 
 
+@pytest.mark.parametrize("use_native", [True, False], ids=["native", "pytorch"])
+def test_a_projection_multiplies_by_the_int4_kernel_it_keeps(use_native: bool) -> None:
+    """The native kernel's float32 result is within 2e-4 of the dequantised weight's (relative
+    to the largest output), PyTorch's is bf16; once one is kept, the projection multiplies by
+    it."""
+    weight = QuantizedWeight.quantize(torch.randn(112, 64), 4)
+    bias = torch.randn(112)
+    projection = QuantizedProjection(weight, bias, Scratch())
+    x = torch.randn(3, 64)
+    pytorch = projection.packed_mm(x)
+    projection.add_native()
+    projection.uses_native = True
+    native = projection.packed_mm(x)
+    assert (native.dtype, pytorch.dtype) == (torch.float32, torch.bfloat16)
+    expected = x @ dequantized(weight).t()
+    assert torch.allclose(native, expected, atol=2e-4 * expected.abs().max().item())
+    projection.keep_one_kernel(use_native)
+    assert torch.equal(projection(x), (native if use_native else pytorch) + bias)
+
+
 def test_projections_share_one_scratch_buffer() -> None:
     scratch = Scratch()
     small = QuantizedProjection(QuantizedWeight.quantize(torch.randn(64, 64), 8), None, scratch)
