@@ -311,12 +311,13 @@ class PagedRunner:
 
     def _finish_loading(self) -> None:
         """Time steps of few rows with some packed projections unpacked (see
-        `_measure_few_rows`; their small KV cache is freed before the pool is allocated), make
-        the quantized projections' dense copies (then time them, see `_measure_dense`, and
-        drop the packed forms where the copies won at every number of rows), and the KV
-        pool. The pool is zeroed, hence resident from the start, as the operator sized it: a
-        pool whose pages became resident as blocks were first written would make memory creep
-        up for minutes under load, which monitoring cannot tell from a leak.
+        `_measure_few_rows`; their small KV cache is freed before the pool is allocated), pick
+        the int4 kernel (see `_measure_int4_kernel`), make the quantized projections' dense
+        copies (then time them, see `_measure_dense`, and drop the packed forms where the
+        copies won at every number of rows), and the KV pool. The pool is zeroed, hence
+        resident from the start, as the operator sized it: a pool whose pages became resident
+        as blocks were first written would make memory creep up for minutes under load, which
+        monitoring cannot tell from a leak.
 
         Done at the warm-up (or the first step) rather than at construction: by then the
         loader's model is gone, and on a CPU with it the mapped checkpoint (the runner keeps
@@ -564,8 +565,9 @@ class PagedRunner:
         release_free_heap()
 
     def _measure_dense(self) -> None:
-        """Whether the dense form beats PyTorch's packed kernels, by rows, timed over the
-        layers' gate/up projections (see `measured_layers`)."""
+        """Whether the dense form beats the packed kernels (PyTorch's, or the native int4 one
+        where `_measure_int4_kernel` chose it), by rows, timed over the layers' gate/up
+        projections (see `measured_layers`)."""
         projections = [layer.gate_up for layer in measured_layers(
             self._layers, lambda layer: 2 * layer.gate_up.shape.numel())]  # its bf16 bytes
         copies = (f"{self._dense_copy.__name__} copies" if self._dense_copy is not None
