@@ -32,6 +32,8 @@ types are re-quantized on that grid), and wider types become int8 per channel.
 
 from __future__ import annotations
 
+import mmap
+import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -415,8 +417,58 @@ def resolve_scheme(scheme: str, source: Path, device: torch.device, dtype: torch
 def gguf_bits(gguf_file: Path) -> dict[str, int]:
     """Bits to keep for each of a GGUF file's matrices, by GGUF tensor name: 4 for 4-bit
     block types, 8 for anything wider."""
-    from gguf import GGUFReader
+    return {name.removesuffix(".weight"): 4 if tensor_type in FOUR_BIT_GGUF_TYPES else 8
+            for name, dims, tensor_type in gguf_tensor_infos(gguf_file) if dims == 2}
 
-    return {tensor.name.removesuffix(".weight"):
-            4 if tensor.tensor_type.name in FOUR_BIT_GGUF_TYPES else 8
-            for tensor in GGUFReader(gguf_file).tensors if len(tensor.shape) == 2}
+
+def gguf_tensor_infos(gguf_file: Path) -> list[tuple[str, int, str]]:
+    """Each tensor's name, number of dimensions and GGML type, read from the file's header
+    alone: gguf's GGUFReader builds an array for every metadata value first, which for a
+    tokenizer's 100,000 strings took seconds at every start."""
+    import numpy
+    from gguf import GGUF_MAGIC, GGMLQuantizationType, GGUFReader, GGUFValueType
+
+    sizes = {value_type: numpy.dtype(scalar).itemsize
+             for value_type, scalar in GGUFReader.gguf_scalar_to_np.items()}
+    with open(gguf_file, "rb") as file, mmap.mmap(file.fileno(), 0,
+                                                  access=mmap.ACCESS_READ) as data:
+        magic, _version, tensors, values = struct.unpack_from("<IIQQ", data)
+        if magic != GGUF_MAGIC:
+            raise QuantizationError(f"{gguf_file} is not a GGUF file")
+        offset = struct.calcsize("<IIQQ")
+
+        def number(fmt: str) -> int:
+            nonlocal offset
+            (value,) = struct.unpack_from(fmt, data, offset)
+            offset += struct.calcsize(fmt)
+            return value
+
+        def text() -> str:
+            nonlocal offset
+            length = number("<Q")
+            offset += length
+            return bytes(data[offset - length:offset]).decode()
+
+        def skip(value_type: int, count: int = 1) -> None:
+            nonlocal offset
+            if value_type == GGUFValueType.STRING:
+                for _ in range(count):
+                    length = number("<Q")
+                    offset += length
+            elif value_type == GGUFValueType.ARRAY:
+                for _ in range(count):
+                    item_type, items = number("<I"), number("<Q")
+                    skip(item_type, items)
+            else:
+                offset += sizes[value_type] * count
+
+        for _ in range(values):
+            text()
+            skip(number("<I"))
+        infos = []
+        for _ in range(tensors):
+            name, dims = text(), number("<I")
+            offset += 8 * dims
+            infos.append((name, dims, GGMLQuantizationType(number("<I")).name))
+            offset += 8
+        return infos

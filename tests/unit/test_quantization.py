@@ -6,14 +6,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy
 import pytest
 import torch
+from gguf import GGUFReader, GGUFWriter
 
 from switchboard.engine.measured_choice import MeasuredChoice
 from switchboard.engine.quantization import (DEQUANTIZE_CHANNELS, INT4_GROUP_SIZE, Bf16Copy, Fp16Copy,
                                  QuantizationError, QuantizationPlan, QuantizedEmbedding,
                                  QuantizedProjection, QuantizedWeight, RefinedHead, Scratch,
-                                 resolve_scheme)
+                                 gguf_bits, gguf_tensor_infos, resolve_scheme)
 
 CPU = torch.device("cpu")
 
@@ -221,6 +223,32 @@ def test_auto_serves_a_gguf_file_in_its_own_quantization_on_cpu_unless_a_dtype_i
     assert QuantizationPlan.for_model("auto", folder, CPU, torch.float32).scheme == "none"
     with pytest.raises(QuantizationError, match="quantization must be one of none, int8"):
         QuantizationPlan("auto")  # a plan holds a resolved scheme
+
+
+def test_a_gguf_files_tensors_are_read_from_its_header_as_ggufs_reader_reads_them(
+        tmp_path: Path) -> None:
+    """Past metadata of every kind (strings, arrays of strings and of arrays, scalars)."""
+    path = tmp_path / "model.gguf"
+    writer = GGUFWriter(path, "llama")
+    writer.add_array("tokenizer.ggml.tokens", ["a", "é", "<s>"])
+    writer.add_array("nested", [[1, 2], [3]])
+    writer.add_uint32("count", 7)
+    writer.add_float64("ratio", 1.5)
+    writer.add_bool("flag", True)
+    writer.add_string("name", "x")
+    writer.add_tensor("blk.0.attn_q.weight", numpy.zeros((4, 32), numpy.float32))
+    writer.add_tensor("blk.0.attn_norm.weight", numpy.zeros(32, numpy.float16))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    assert gguf_tensor_infos(path) == [(tensor.name, len(tensor.shape), tensor.tensor_type.name)
+                                       for tensor in GGUFReader(path).tensors]
+    assert gguf_bits(path) == {"blk.0.attn_q": 8}
+    notes = tmp_path / "notes.gguf"
+    notes.write_bytes(b"text, not a GGUF file's header")
+    with pytest.raises(QuantizationError, match="not a GGUF file"):
+        gguf_bits(notes)
 
 
 def test_plans_refuse_what_they_cannot_do(tmp_path: Path) -> None:
