@@ -180,7 +180,8 @@ def longest_token_bytes(tokenizer: object) -> int:
     byte-level BPE, where a piece of a character decodes to U+FFFD, never to fewer bytes than
     it stands for. One byte more covers the leading space a SentencePiece decoder strips from
     a text's first token. Decoded by the fast tokenizer's own decoder: the same texts as
-    `batch_decode` without its per-token Python work, which took a second of every start."""
+    `batch_decode` without its per-token Python work
+    (docs/engine-measurements.md#start-up-and-loading)."""
     texts = tokenizer.backend_tokenizer.decode_batch(
         [[token_id] for token_id in range(len(tokenizer))], skip_special_tokens=False)
     return max(len(text.encode()) for text in texts) + 1

@@ -423,8 +423,8 @@ def gguf_bits(gguf_file: Path) -> dict[str, int]:
 
 def gguf_tensor_infos(gguf_file: Path) -> list[tuple[str, int, str]]:
     """Each tensor's name, number of dimensions and GGML type, read from the file's header
-    alone: gguf's GGUFReader builds an array for every metadata value first, which for a
-    tokenizer's 100,000 strings took seconds at every start."""
+    alone: gguf's GGUFReader builds an array for every metadata value first, a tokenizer's
+    strings included, at every start (docs/engine-measurements.md#start-up-and-loading)."""
     import numpy
     from gguf import GGUF_MAGIC, GGMLQuantizationType, GGUFReader, GGUFValueType
 
