@@ -262,6 +262,13 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
     decoding sequences attend."""
     k_cache.index_copy_(0, batch.write_slots, k)
     v_cache.index_copy_(0, batch.write_slots, v)
+    return attend_cached(q, k_cache, v_cache, batch, windowed=windowed, decode=decode)
+
+
+def attend_cached(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                  batch: AttentionBatch, *, windowed: bool = False,
+                  decode: DecodeAttention = DecodeAttention.SDPA) -> torch.Tensor:
+    """`paged_attention` once the batch's new K/V are in the caches."""
     window = batch.sliding_window if windowed else None
     if len(batch.groups) == 1 and batch.groups[0].is_decode:
         return _attend(q.unsqueeze(1), k_cache, v_cache, batch.groups[0], batch.fixed_shape,

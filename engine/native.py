@@ -22,7 +22,8 @@ from switchboard.engine.timing_store import cpuinfo
 
 logger = logging.getLogger(__name__)
 
-SOURCES = ("decode_attention.cpp", "int4_linear.cpp")
+SOURCES = ("decode_attention.cpp", "int4_linear.cpp", "layer_ops.cpp")
+HEADERS = ("vector_math.h",)
 DTYPES = (torch.float32, torch.bfloat16)  # the dtypes of queries and caches the kernels take
 # OpenMP as torch's own operators use it: at::parallel_for's team is torch's (the loader finds
 # the libgomp torch loaded by its name).
@@ -32,11 +33,12 @@ FLAGS = ("-O3", "-march=native", "-fopenmp")
 @functools.cache
 def kernels() -> object | None:
     """torch.ops.switchboard once the kernels are loaded; None where they cannot be built."""
-    sources = [Path(str(files(__package__).joinpath("csrc", name))) for name in SOURCES]
+    sources, headers = ([Path(str(files(__package__).joinpath("csrc", name))) for name in names]
+                        for names in (SOURCES, HEADERS))
     processor = cpuinfo(("flags",)).get("flags", platform.machine())
     digest = hashlib.sha256()
-    for part in (*(source.read_bytes() for source in sources), " ".join(FLAGS), torch.__version__,
-                 processor):
+    for part in (*(path.read_bytes() for path in (*sources, *headers)), " ".join(FLAGS),
+                 torch.__version__, processor):
         digest.update(part if isinstance(part, bytes) else part.encode())
     try:
         from torch.utils import cpp_extension

@@ -3,7 +3,10 @@
 The Llama family (Llama, Mistral, Qwen2, Qwen3; SmolLM2 is Llama) is computed here from the
 transformers model's own modules and weights, with the Q/K/V and gate/up projections fused
 into one matmul each. All scheduled tokens of all requests travel as one flat sequence;
-attention is one call per layer for the whole batch (see `attention.py`).
+attention is one call per layer for the whole batch (see `attention.py`). On a CPU the native
+kernels (engine/csrc/layer_ops.cpp) take a layer's small operations in four calls: each norm
+with the residual sum before it, the rotation with the KV cache's writes, and SiLU with its
+product (docs/engine-measurements.md#fused-layer-operations).
 
 On a CPU, a float32 projection is computed as nn.Linear's x @ Wᵀ or as (W @ xᵀ)ᵀ, whichever
 was faster for its number of rows when the model was loaded, or, where that was faster
@@ -41,7 +44,8 @@ from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 
 from switchboard.engine import native
-from switchboard.engine.attention import AttentionBatch, DecodeAttention, paged_attention
+from switchboard.engine.attention import (AttentionBatch, DecodeAttention, attend_cached,
+                                          paged_attention)
 from switchboard.engine.decode_graphs import DecodeGraphs
 from switchboard.engine.host_memory import release_free_heap
 from switchboard.engine.kv_transfer import KVLayout
@@ -155,10 +159,12 @@ class RMSNorm:
     seven ops). A model in reduced precision normalises the float32 residual stream and scales
     after casting to its dtype, as transformers does from its reduced-precision stream.
 
-    On a CPU, F.rms_norm runs as about seven ops too, while F.layer_norm is one kernel: x's root
-    mean square is the standard deviation of (x, −x), whose mean is 0, so a float32 norm is
-    layer_norm over (x, −x) with the weight (w, 0), cut to x's half, which shortens even a
-    one-row step (docs/engine-measurements.md#rmsnorm-on-a-cpu)."""
+    On a CPU a float32 norm of rows is the native kernel's (engine/csrc/layer_ops.cpp), which
+    also adds a layer's output to the residual stream in the same call (`add`). Without it, and
+    for a head's norm over [tokens, heads, head size]: F.rms_norm runs as about seven ops too,
+    while F.layer_norm is one kernel, and x's root mean square is the standard deviation of
+    (x, −x), whose mean is 0, so the norm is layer_norm over (x, −x) with the weight (w, 0),
+    cut to x's half (docs/engine-measurements.md#rmsnorm-on-a-cpu)."""
 
     def __init__(self, module: nn.Module) -> None:
         # A copy: no view into the loaded checkpoint's mapped file may outlive the model.
@@ -167,8 +173,11 @@ class RMSNorm:
         mirrors = self.weight.device.type == "cpu" and self.weight.dtype == torch.float32
         self._mirrored_weight = (torch.cat((self.weight, torch.zeros_like(self.weight)))
                                  if mirrors else None)
+        self._ops = native.kernels() if mirrors else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self._ops is not None and x.dim() == 2:
+            return self._ops.rms_norm(x, self.weight, self.eps)
         if self._mirrored_weight is not None:
             mirrored = F.layer_norm(torch.cat((x, -x), dim=-1), self._mirrored_weight.shape,
                                     self._mirrored_weight, None, self.eps)
@@ -177,6 +186,31 @@ class RMSNorm:
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         normed = F.rms_norm(x.float(), self.weight.shape, None, self.eps)
         return self.weight * normed.to(self.weight.dtype)
+
+    def add(self, residual: torch.Tensor, delta: torch.Tensor
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The residual stream [tokens, hidden] (float32) plus a layer's output, and its norm;
+        the native kernel adds in place, in the same call."""
+        if self._ops is not None:
+            return residual, self._ops.add_rms_norm(residual, delta, self.weight, self.eps)
+        residual = residual + delta
+        return residual, self(residual)
+
+
+class GatedActivation:
+    """act(gate) · up from the fused gate/up projection's output [tokens, 2 intermediate]:
+    one native call for SiLU on a CPU, where PyTorch took three."""
+
+    def __init__(self, act: nn.Module, hidden_act: str, device: torch.device) -> None:
+        self._act = act
+        self._ops = (native.kernels() if device.type == "cpu" and hidden_act in ("silu", "swish")
+                     else None)
+
+    def __call__(self, gate_up: torch.Tensor) -> torch.Tensor:
+        if self._ops is not None:
+            return self._ops.silu_mul(gate_up)
+        gate, up = gate_up.chunk(2, dim=-1)
+        return self._act(gate) * up
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,7 +221,7 @@ class _Layer:
     post_norm: RMSNorm
     gate_up: Projection | PackedProjection | QuantizedProjection
     down: Projection | PackedProjection | QuantizedProjection
-    act: nn.Module
+    act: GatedActivation
     windowed: bool  # attends within the model's sliding window
     # Qwen3's RMSNorms of each query and key head before the rotation (None: the others').
     qk_norms: tuple[RMSNorm, RMSNorm] | None = None
@@ -220,6 +254,9 @@ class PagedRunner:
                                    + ", ".join(SUPPORTED_ARCHITECTURES))
         config = model.config
         self._device = device
+        self._hidden_act = config.hidden_act
+        # The rotation and the KV cache's writes as one call a layer (see layer_ops.cpp).
+        self._layer_ops = native.kernels() if device.type == "cpu" else None
         self._block_size = block_size
         self._num_heads = config.num_attention_heads
         self._num_kv_heads = config.num_key_value_heads
@@ -408,7 +445,7 @@ class PagedRunner:
         fused = _Layer(
             input_norm=RMSNorm(layer.input_layernorm),
             post_norm=RMSNorm(layer.post_attention_layernorm),
-            act=mlp.act_fn,
+            act=GatedActivation(mlp.act_fn, self._hidden_act, self._device),
             windowed=windowed,
             qk_norms=((RMSNorm(attention.q_norm), RMSNorm(attention.k_norm))
                       if hasattr(attention, "q_norm") else None),
@@ -637,36 +674,51 @@ class PagedRunner:
         # measured cost (docs/engine-measurements.md#the-float32-residual-stream).
         hidden = self._embed(batch.token_ids).float()
         cos, sin = self._rotary(hidden, batch.positions.unsqueeze(0))
-        attention_dtype = self._cache_dtype
-        cos = cos[0].unsqueeze(1).to(attention_dtype)
-        signed_sin = _negate_first_half(sin[0].unsqueeze(1)).to(attention_dtype)
+        cos, sin = cos[0], sin[0]
+        if self._layer_ops is None:
+            cos = cos.unsqueeze(1).to(self._cache_dtype)
+            sin = _negate_first_half(sin.unsqueeze(1)).to(self._cache_dtype)
         num_qk_heads = self._num_heads + self._num_kv_heads
         layers = self._layers
         if self._few_row_layers is not None and self._few_rows.second_is_faster(hidden.shape[0]):
             layers = self._few_row_layers
         last = len(layers) - 1
+        normed = layers[0].input_norm(hidden)
         for index, layer in enumerate(layers):
-            qkv = layer.qkv(layer.input_norm(hidden))
-            qkv = qkv.view(-1, num_qk_heads + self._num_kv_heads, self._head_dim)
+            qkv = layer.qkv(normed).view(-1, num_qk_heads + self._num_kv_heads, self._head_dim)
             if layer.qk_norms is not None:
                 q_norm, k_norm = layer.qk_norms
                 qkv = torch.cat((q_norm(qkv[:, :self._num_heads]),
                                  k_norm(qkv[:, self._num_heads:num_qk_heads]),
                                  qkv[:, num_qk_heads:]), dim=1)
-            qkv = qkv.to(attention_dtype)
-            qk = _rotate(qkv[:, :num_qk_heads], cos, signed_sin)
-            q, k = qk.split((self._num_heads, self._num_kv_heads), dim=1)
-            v = qkv[:, num_qk_heads:]
-            attended = paged_attention(q, k, v, self._k_cache[index], self._v_cache[index],
-                                       batch, windowed=layer.windowed,
-                                       decode=self._decode_attention)
+            attended = self._attend(index, layer.windowed, qkv, cos, sin, batch)
             if index == last and len(batch.sample_index) < len(hidden):
                 # Past the last layer's K/V only the sampled tokens' states are wanted.
                 hidden, attended = hidden[batch.sample_index], attended[batch.sample_index]
-            hidden = hidden + layer.o_proj(attended)
-            gate, up = layer.gate_up(layer.post_norm(hidden)).chunk(2, dim=-1)
-            hidden = hidden + layer.down(layer.act(gate) * up)
-        return self._lm_head(self._final_norm(hidden))
+            hidden, normed = layer.post_norm.add(hidden, layer.o_proj(attended))
+            next_norm = layers[index + 1].input_norm if index < last else self._final_norm
+            hidden, normed = next_norm.add(hidden, layer.down(layer.act(layer.gate_up(normed))))
+        return self._lm_head(normed)
+
+    def _attend(self, index: int, windowed: bool, qkv: torch.Tensor, cos: torch.Tensor,
+                sin: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
+        """Layer `index`'s attention: qkv [tokens, heads + 2 K/V heads, head size] rotated,
+        its K/V written to the cache, its queries attended. With the native kernels cos and
+        sin are the rotary module's, else in the cache's dtype with sin's first half negated
+        (see `_rotate`)."""
+        k_cache, v_cache = self._k_cache[index], self._v_cache[index]
+        if self._layer_ops is not None:
+            q = self._layer_ops.rotary_to_cache(qkv, cos, sin, k_cache, v_cache,
+                                                batch.write_slots, self._num_heads,
+                                                self._num_kv_heads)
+            return attend_cached(q, k_cache, v_cache, batch, windowed=windowed,
+                                 decode=self._decode_attention)
+        num_qk_heads = self._num_heads + self._num_kv_heads
+        qkv = qkv.to(self._cache_dtype)
+        q, k = _rotate(qkv[:, :num_qk_heads], cos, sin).split(
+            (self._num_heads, self._num_kv_heads), dim=1)
+        return paged_attention(q, k, qkv[:, num_qk_heads:], k_cache, v_cache, batch,
+                               windowed=windowed, decode=self._decode_attention)
 
 
 def sliding_window_layers(config: PretrainedConfig) -> tuple[int | None, list[bool]]:

@@ -7,6 +7,8 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "vector_math.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -85,31 +87,12 @@ inline Vec<W> weighted_sum(const float* rows, const float* weights, int64_t n, i
   return (sums[0] + sums[1]) + (sums[2] + sums[3]);
 }
 
-// e^x for x <= 0 in a loop the compiler vectorises (std::exp is a call per element): 2^k e^r
-// with |r| <= ln 2 / 2 (ln 2 split in two for exactness), e^r by its Taylor polynomial to r^6
-// (relative error ~1e-7); below -87 it is the least normal float, not 0.
-inline float exp_nonpositive(float x) {
-  x = std::max(x, -87.f);
-  const float k = std::floor(x * 1.44269504f + 0.5f);
-  const float r = (x - k * 0.693359375f) + k * 2.12194440e-4f;
-  const float p = 1.f + r * (1.f + r * (0.5f + r * (1.f / 6 + r * (1.f / 24 +
-                   r * (1.f / 120 + r * (1.f / 720))))));
-  const int32_t bits = (static_cast<int32_t>(k) + 127) << 23;
-  float power;
-  std::memcpy(&power, &bits, sizeof(power));
-  return p * power;
-}
-
 inline void to_float(const float* source, float* target, int64_t n) {
   std::memcpy(target, source, n * sizeof(float));
 }
 
 inline void to_float(const at::BFloat16* source, float* target, int64_t n) {
-  const auto* bits = reinterpret_cast<const uint16_t*>(source);
-  for (int64_t i = 0; i < n; ++i) {
-    const uint32_t widened = static_cast<uint32_t>(bits[i]) << 16;
-    std::memcpy(target + i, &widened, sizeof(float));
-  }
+  for (int64_t i = 0; i < n; ++i) target[i] = bf16_to_float(source[i].x);
 }
 
 // Rows are fetched this many context positions ahead: slots scatter them over the cache,

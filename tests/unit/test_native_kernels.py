@@ -1,13 +1,15 @@
 """The native kernels (engine/csrc): decode attention against SDPA over gathered keys and
 values, at head sizes that take each of its vector widths and its scalar path, and its refusal
 of inputs that would read outside the caches; the int4 product against the dequantised
-weight. `make install` builds them: they must be there."""
+weight; a layer's small operations against transformers' and PyTorch's (the RMSNorms are in
+test_rms_norm.py). `make install` builds them: they must be there."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 import torch.nn.functional as F
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from switchboard.engine import native
 from switchboard.engine.quantization import QuantizedWeight
@@ -75,3 +77,55 @@ def test_int4_linear_refuses_codes_laid_out_for_other_columns() -> None:
     packed = kernels().int4_pack(weight.codes, weight.scales, weight.zeros)
     with pytest.raises(RuntimeError, match="int4_pack lays them out"):
         kernels().int4_linear(torch.zeros(1, 128), *packed)
+
+
+@pytest.mark.parametrize("qkv_dtype", native.DTYPES, ids=str)
+@pytest.mark.parametrize("cache_dtype", native.DTYPES, ids=str)
+def test_rotary_to_cache_rotates_as_transformers_and_writes_keys_and_values_at_their_slots(
+        qkv_dtype: torch.dtype, cache_dtype: torch.dtype) -> None:
+    torch.manual_seed(0)
+    rows, head_dim = 5, 64
+    qkv = torch.randn(rows, HEADS + 2 * KV_HEADS, head_dim).to(qkv_dtype)
+    angles = torch.randn(rows, head_dim // 2) * 100
+    cos, sin = torch.cat((angles, angles), -1).cos(), torch.cat((angles, angles), -1).sin()
+    k_cache = torch.zeros(SLOTS, KV_HEADS, head_dim, dtype=cache_dtype)
+    v_cache = torch.zeros_like(k_cache)
+    slots = torch.tensor([7, 0, 299, 42, 8])
+    queries = kernels().rotary_to_cache(qkv, cos, sin, k_cache, v_cache, slots, HEADS, KV_HEADS)
+    exact = qkv.float()
+    expected_q, expected_k = apply_rotary_pos_emb(  # cos and sin broadcast over the heads
+        exact[:, :HEADS], exact[:, HEADS:HEADS + KV_HEADS], cos, sin)
+    tolerance = 1e-5 if cache_dtype == torch.float32 else 1e-2
+    assert queries.dtype == cache_dtype and queries.shape == (rows, HEADS, head_dim)
+    torch.testing.assert_close(queries.float(), expected_q, rtol=tolerance, atol=tolerance)
+    torch.testing.assert_close(k_cache[slots].float(), expected_k, rtol=tolerance,
+                               atol=tolerance)
+    torch.testing.assert_close(v_cache[slots].float(), exact[:, HEADS + KV_HEADS:],
+                               rtol=tolerance, atol=tolerance)
+    untouched = torch.ones(SLOTS, dtype=torch.bool)
+    untouched[slots] = False
+    assert not k_cache[untouched].any() and not v_cache[untouched].any()
+
+
+@pytest.mark.parametrize("slot", [SLOTS, -1], ids=["past-the-cache", "negative"])
+def test_rotary_to_cache_refuses_to_write_outside_the_caches(slot: int) -> None:
+    caches = torch.zeros(SLOTS, KV_HEADS, 8)
+    with pytest.raises(RuntimeError, match="outside the caches"):
+        kernels().rotary_to_cache(torch.zeros(1, HEADS + 2 * KV_HEADS, 8), torch.ones(1, 8),
+                                  torch.zeros(1, 8), caches, caches.clone(),
+                                  torch.tensor([slot]), HEADS, KV_HEADS)
+
+
+@pytest.mark.parametrize("dtype", native.DTYPES, ids=str)
+def test_silu_mul_is_silu_of_the_gate_times_the_up_projection(dtype: torch.dtype) -> None:
+    """Gates far past where e^x under- or overflows included."""
+    torch.manual_seed(0)
+    gate_up = torch.randn(9, 2 * 100) * 5
+    gate_up[0, :4] = torch.tensor([-1000.0, -90.0, 90.0, 1000.0])
+    gate_up = gate_up.to(dtype)
+    gate, up = gate_up.float().chunk(2, dim=-1)
+    expected = F.silu(gate) * up
+    out = kernels().silu_mul(gate_up)
+    assert out.dtype == dtype and out.shape == (9, 100)
+    tolerance = 1e-6 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(out.float(), expected, rtol=tolerance, atol=tolerance)
