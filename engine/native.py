@@ -22,7 +22,7 @@ from switchboard.engine.timing_store import cpuinfo
 
 logger = logging.getLogger(__name__)
 
-SOURCES = ("decode_attention.cpp", "int4_linear.cpp", "layer_ops.cpp")
+SOURCES = ("decode_attention.cpp", "decode_layers.cpp", "int4_linear.cpp", "layer_ops.cpp")
 HEADERS = ("vector_math.h",)
 DTYPES = (torch.float32, torch.bfloat16)  # the dtypes of queries and caches the kernels take
 # OpenMP as torch's own operators use it: at::parallel_for's team is torch's (the loader finds

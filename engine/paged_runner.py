@@ -6,7 +6,8 @@ into one matmul each. All scheduled tokens of all requests travel as one flat se
 attention is one call per layer for the whole batch (see `attention.py`). On a CPU the native
 kernels (engine/csrc/layer_ops.cpp) take a layer's small operations in four calls: each norm
 with the residual sum before it, the rotation with the KV cache's writes, and SiLU with its
-product (docs/engine-measurements.md#fused-layer-operations).
+product; a quantized model's decoding steps of few rows run all their layers in one native
+call (`DecodeStack`) (docs/engine-measurements.md#fused-layer-operations).
 
 On a CPU, a float32 projection is computed as nn.Linear's x @ Wᵀ or as (W @ xᵀ)ᵀ, whichever
 was faster for its number of rows when the model was loaded, or, where that was faster
@@ -53,9 +54,9 @@ from switchboard.engine.measured_choice import (FP32_PACKINGS, PROBE_ROWS, Measu
                                                 MklPacked, OneDnnPacked, Product,
                                                 fastest_in_turns, fastest_overall,
                                                 one_after_another, transposed_product)
-from switchboard.engine.quantization import (DenseCopy, QuantizationPlan, QuantizedEmbedding,
-                                             QuantizedProjection, QuantizedWeight, RefinedHead,
-                                             Scratch)
+from switchboard.engine.quantization import (INT4_GROUP_SIZE, DenseCopy, QuantizationPlan,
+                                             QuantizedEmbedding, QuantizedProjection,
+                                             QuantizedWeight, RefinedHead, Scratch)
 from switchboard.engine.timing_store import Best, TimingStore
 
 logger = logging.getLogger(__name__)
@@ -175,6 +176,10 @@ class RMSNorm:
                                  if mirrors else None)
         self._ops = native.kernels() if mirrors else None
 
+    @property
+    def is_native(self) -> bool:
+        return self._ops is not None
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self._ops is not None and x.dim() == 2:
             return self._ops.rms_norm(x, self.weight, self.eps)
@@ -206,6 +211,10 @@ class GatedActivation:
         self._ops = (native.kernels() if device.type == "cpu" and hidden_act in ("silu", "swish")
                      else None)
 
+    @property
+    def is_native(self) -> bool:
+        return self._ops is not None
+
     def __call__(self, gate_up: torch.Tensor) -> torch.Tensor:
         if self._ops is not None:
             return self._ops.silu_mul(gate_up)
@@ -225,6 +234,68 @@ class _Layer:
     windowed: bool  # attends within the model's sliding window
     # Qwen3's RMSNorms of each query and key head before the rotation (None: the others').
     qk_norms: tuple[RMSNorm, RMSNorm] | None = None
+
+
+class DecodeStack:
+    """A decoding step's layers as one native call (engine/csrc/decode_layers.cpp), which
+    releases the GIL for all of them: for steps whose sequences each decode one token, attend
+    through the native kernel, and multiply by the projections' packed weight-only kernels (the
+    few rows where those beat the dense copies). Built where every layer can go that way:
+    quantized projections with their packed forms kept, SiLU, no norms of heads (Qwen3's),
+    float32 norms of one eps (docs/engine-measurements.md#fused-layer-operations)."""
+
+    def __init__(self, ops: object, norms: list[torch.Tensor], eps: float, kinds: list[int],
+                 weights: list[torch.Tensor], heads: int, kv_heads: int,
+                 windows: list[int]) -> None:
+        self._ops = ops
+        self._norms = norms
+        self._eps = eps
+        self._kinds = kinds
+        self._weights = weights
+        self._heads = heads
+        self._kv_heads = kv_heads
+        self._windows = windows
+
+    @classmethod
+    def build(cls, layers: Sequence[_Layer], final_norm: RMSNorm, heads: int, kv_heads: int,
+              sliding_window: int | None) -> DecodeStack | None:
+        """The stack of `layers`, or None where one of them cannot go natively."""
+        ops = native.kernels()
+        norms = [norm for layer in layers for norm in (layer.input_norm, layer.post_norm)]
+        norms.append(final_norm)
+        if (ops is None or any(layer.qk_norms is not None or not layer.act.is_native
+                               for layer in layers)
+                or any(not norm.is_native or norm.eps != final_norm.eps for norm in norms)):
+            return None
+        kinds: list[int] = []
+        weights: list[torch.Tensor] = []
+        for layer in layers:
+            for projection in (layer.qkv, layer.o_proj, layer.gate_up, layer.down):
+                form = (projection.packed_form() if isinstance(projection, QuantizedProjection)
+                        else None)
+                if form is None:
+                    return None
+                kinds.append(int(form[0]))
+                weights.extend(form[1])
+        return cls(ops, [norm.weight for norm in norms], final_norm.eps, kinds, weights, heads,
+                   kv_heads, [(sliding_window or 0) if layer.windowed else 0 for layer in layers])
+
+    @staticmethod
+    def takes(batch: AttentionBatch, rows: int) -> bool:
+        """Whether a step's batch is one group of decoding sequences, each of which samples."""
+        return (len(batch.groups) == 1 and batch.groups[0].is_decode
+                and len(batch.sample_index) == rows)
+
+    def __call__(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                 k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 batch: AttentionBatch) -> torch.Tensor:
+        """The final norm of the residual stream `hidden` (float32, updated in place) after
+        the layers; cos and sin are the rotary module's [rows, head size]."""
+        group = batch.groups[0]
+        return self._ops.decode_layers(hidden, cos, sin, k_cache, v_cache, batch.write_slots,
+                                       group.context_slots, group.context_lens, self._norms,
+                                       self._eps, self._kinds, self._weights, INT4_GROUP_SIZE,
+                                       self._heads, self._kv_heads, self._windows)
 
 
 def kv_bytes_per_token(model: PreTrainedModel, dtype: torch.dtype) -> int:
@@ -323,6 +394,7 @@ class PagedRunner:
                 "says why they are missing), and oneDNN for unquantized float32 weights")
         self._k_cache: torch.Tensor | None = None
         self._v_cache: torch.Tensor | None = None
+        self._decode_stack: DecodeStack | None = None  # made at the end of loading
         self._decode_graphs = DecodeGraphs(
             self._forward, device=device, block_size=block_size, scratch_slot=capacity,
             max_batch_size=static_decode_batch, max_context=capacity,
@@ -383,6 +455,12 @@ class PagedRunner:
                 release_free_heap()
         self._k_cache = torch.zeros(self._cache_shape, dtype=self._cache_dtype, device=self._device)
         self._v_cache = torch.zeros(self._cache_shape, dtype=self._cache_dtype, device=self._device)
+        # After the kernels' choices, which decide the projections' packed forms.
+        if (self._layer_ops is not None and self._decode_attention is DecodeAttention.NATIVE
+                and self._quantization.is_quantized):
+            self._decode_stack = DecodeStack.build(self._layers, self._final_norm,
+                                                   self._num_heads, self._num_kv_heads,
+                                                   self._sliding_window)
         if self._device.type == "cpu":
             logger.info("load-time choices (timed, or as kept in %s): %s",
                         self._timings.file or "no cache folder", self.measured_choices())
@@ -678,9 +756,14 @@ class PagedRunner:
         if self._layer_ops is None:
             cos = cos.unsqueeze(1).to(self._cache_dtype)
             sin = _negate_first_half(sin.unsqueeze(1)).to(self._cache_dtype)
+        rows = hidden.shape[0]
+        if (self._decode_stack is not None and self._decode_stack.takes(batch, rows)
+                and not self._dense.second_is_faster(rows)):
+            return self._lm_head(self._decode_stack(hidden, cos, sin, self._k_cache,
+                                                    self._v_cache, batch))
         num_qk_heads = self._num_heads + self._num_kv_heads
         layers = self._layers
-        if self._few_row_layers is not None and self._few_rows.second_is_faster(hidden.shape[0]):
+        if self._few_row_layers is not None and self._few_rows.second_is_faster(rows):
             layers = self._few_row_layers
         last = len(layers) - 1
         normed = layers[0].input_norm(hidden)

@@ -32,6 +32,7 @@ types are re-quantized on that grid), and wider types become int8 per channel.
 
 from __future__ import annotations
 
+import enum
 import mmap
 import struct
 from collections.abc import Mapping, Sequence
@@ -185,8 +186,21 @@ class NativeInt4:
         self._codes, self._scales, self._offsets = self._ops.int4_pack(
             weight.codes, weight.scales, weight.zeros)
 
+    @property
+    def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self._codes, self._scales, self._offsets
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return self._ops.int4_linear(x.float(), self._codes, self._scales, self._offsets)
+        return self._ops.int4_linear(x.float(), *self.tensors)
+
+
+class PackedKind(enum.IntEnum):
+    """How `QuantizedProjection.packed_mm` multiplies, by number, as the native decode stack
+    (engine/csrc/decode_layers.cpp) names the kernels."""
+
+    TORCH_INT4 = 0
+    NATIVE_INT4 = 1
+    INT8 = 2
 
 
 class QuantizedProjection:
@@ -278,6 +292,20 @@ class QuantizedProjection:
         else:
             y = torch.ops.aten._weight_int8pack_mm(x, self._quantized.codes, self._channel_scales)
         return y
+
+    def packed_form(self) -> tuple[PackedKind, list[torch.Tensor]] | None:
+        """What `packed_mm` multiplies by, for the native decode stack: its kind, and three of
+        its kernel's tensors and the bias (empty tensors where they have none); None where
+        the packed form was dropped."""
+        empty = torch.empty(0)
+        bias = [empty if self.bias is None else self.bias]
+        if self.uses_native and self._native is not None:
+            return PackedKind.NATIVE_INT4, [*self._native.tensors, *bias]
+        if self._bits == 4 and hasattr(self, "_packed"):
+            return PackedKind.TORCH_INT4, [self._packed, self._scales_and_zeros, empty, *bias]
+        if self._bits == 8 and hasattr(self, "_channel_scales"):
+            return PackedKind.INT8, [self._quantized.codes, self._channel_scales, empty, *bias]
+        return None
 
     def dense_mm(self, x: torch.Tensor) -> torch.Tensor:
         if self._copy is not None:
