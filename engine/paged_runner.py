@@ -236,6 +236,7 @@ class _Layer:
     qk_norms: tuple[RMSNorm, RMSNorm] | None = None
 
 
+@dataclass(frozen=True, slots=True)
 class DecodeStack:
     """A decoding step's layers as one native call (engine/csrc/decode_layers.cpp), which
     releases the GIL for all of them: for steps whose sequences each decode one token, attend
@@ -244,17 +245,14 @@ class DecodeStack:
     quantized projections with their packed forms kept, SiLU, no norms of heads (Qwen3's),
     float32 norms of one eps (docs/engine-measurements.md#fused-layer-operations)."""
 
-    def __init__(self, ops: object, norms: list[torch.Tensor], eps: float, kinds: list[int],
-                 weights: list[torch.Tensor], heads: int, kv_heads: int,
-                 windows: list[int]) -> None:
-        self._ops = ops
-        self._norms = norms
-        self._eps = eps
-        self._kinds = kinds
-        self._weights = weights
-        self._heads = heads
-        self._kv_heads = kv_heads
-        self._windows = windows
+    ops: object
+    norms: list[torch.Tensor]  # each layer's input and post-attention norms, then the final
+    eps: float
+    kinds: list[int]  # a PackedKind for each layer's qkv, output, gate/up and down projections
+    weights: list[torch.Tensor]  # four for each of those (see `packed_form`)
+    heads: int
+    kv_heads: int
+    windows: list[int]  # each layer's sliding window (0: none)
 
     @classmethod
     def build(cls, layers: Sequence[_Layer], final_norm: RMSNorm, heads: int, kv_heads: int,
@@ -292,10 +290,10 @@ class DecodeStack:
         """The final norm of the residual stream `hidden` (float32, updated in place) after
         the layers; cos and sin are the rotary module's [rows, head size]."""
         group = batch.groups[0]
-        return self._ops.decode_layers(hidden, cos, sin, k_cache, v_cache, batch.write_slots,
-                                       group.context_slots, group.context_lens, self._norms,
-                                       self._eps, self._kinds, self._weights, INT4_GROUP_SIZE,
-                                       self._heads, self._kv_heads, self._windows)
+        return self.ops.decode_layers(hidden, cos, sin, k_cache, v_cache, batch.write_slots,
+                                      group.context_slots, group.context_lens, self.norms,
+                                      self.eps, self.kinds, self.weights, INT4_GROUP_SIZE,
+                                      self.heads, self.kv_heads, self.windows)
 
 
 def kv_bytes_per_token(model: PreTrainedModel, dtype: torch.dtype) -> int:
